@@ -1,0 +1,93 @@
+"""Attention layers: multi-head self-attention, CaiT's talking-heads attention and class attention.
+
+Shapes: tokens ``x`` are ``(batch, tokens, dim)``; heads split ``dim = num_heads · head_dim``.
+Self-attention:  ``Attn(x) = W_o · concat_h softmax(q_h k_hᵀ / √d_h) v_h``, with ``q, k, v = W_qkv x`` fused.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from layerscale_jax.layers.common import dense
+
+
+def _split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
+    b, n, d = x.shape
+    return x.reshape(b, n, num_heads, d // num_heads)
+
+
+class Attention(nnx.Module):
+    """Standard multi-head self-attention with a fused qkv projection (ViT / DeiT III).
+
+    The product goes through ``jax.nn.dot_product_attention`` (cuDNN flash attention on GPU where it applies).
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, qkv_bias: bool = True, dtype=jnp.float32,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.num_heads = num_heads
+        self.qkv = dense(dim, 3 * dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        b, n, d = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, d // self.num_heads)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        out = jax.nn.dot_product_attention(q, k, v)
+        return self.proj(out.reshape(b, n, d))
+
+
+class TalkingHeadsAttention(nnx.Module):
+    """Talking-heads attention (Shazeer et al. 2020, used in CaiT's self-attention stage).
+
+    Learned linear maps mix the attention logits across heads before the softmax (``proj_l``) and the attention
+    weights across heads after it (``proj_w``):
+
+        A = softmax(P_l · (q kᵀ / √d_h)) ;  A' = P_w · A ;  out = W_o · concat_h A'_h v_h
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, qkv_bias: bool = True, dtype=jnp.float32,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.qkv = dense(dim, 3 * dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.proj_l = dense(num_heads, num_heads, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.proj_w = dense(num_heads, num_heads, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        b, n, d = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, d // self.num_heads)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        logits = jnp.einsum("bqhd,bkhd->bqkh", q * self.scale, k)   # heads last, so the mixing is a Dense
+        logits = self.proj_l(logits)
+        weights = jax.nn.softmax(logits.astype(jnp.float32), axis=2).astype(logits.dtype)
+        weights = self.proj_w(weights)
+        out = jnp.einsum("bqkh,bkhd->bqhd", weights, v)
+        return self.proj(out.reshape(b, n, d))
+
+
+class ClassAttention(nnx.Module):
+    """Class attention (CaiT): only the class token queries; keys and values come from all tokens.
+
+        q = W_q x_cls ;  k = W_k [x_cls, x_patches] ;  v = W_v [x_cls, x_patches]
+        x_cls' = W_o · softmax(q kᵀ / √d_h) v
+
+    ``x`` is ``[x_cls, x_patches]``; the output is the updated class token ``(batch, 1, dim)``.
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, qkv_bias: bool = True, dtype=jnp.float32,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.num_heads = num_heads
+        self.q = dense(dim, dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.k = dense(dim, dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.v = dense(dim, dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        b, n, d = x.shape
+        q = _split_heads(self.q(x[:, :1]), self.num_heads)
+        k = _split_heads(self.k(x), self.num_heads)
+        v = _split_heads(self.v(x), self.num_heads)
+        out = jax.nn.dot_product_attention(q, k, v)
+        return self.proj(out.reshape(b, 1, d))

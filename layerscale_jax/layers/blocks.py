@@ -1,0 +1,82 @@
+"""Pre-norm transformer blocks with a scaled residual branch.
+
+Self-attention block (ViT / DeiT III / CaiT's first stage), with ``S`` the branch scaling (LayerScale by default)::
+
+    x'  = x  + DropPath(S1(Attn(LN(x))))
+    x'' = x' + DropPath(S2(MLP(LN(x'))))
+
+Class-attention block (CaiT's second stage), updating only the class token::
+
+    x_cls'  = x_cls  + DropPath(S1(CA(LN([x_cls, x_patches]))))
+    x_cls'' = x_cls' + DropPath(S2(MLP(LN(x_cls'))))
+
+The residual stream ``x`` is float32; the branches compute in ``dtype`` and the scaling and the add are float32.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from layerscale_jax.layers.attention import Attention, ClassAttention, TalkingHeadsAttention
+from layerscale_jax.layers.common import Mlp, layer_norm
+from layerscale_jax.layers.drop_path import DropPath
+from layerscale_jax.layers.scaling import keeps_layernorm, make_branch_scale
+
+
+class _ScaledResidualBlock(nnx.Module):
+    def _norm(self, norm, x):
+        return norm(x) if norm is not None else x.astype(self.dtype)
+
+    def _keys(self, key):
+        return (None, None) if key is None else tuple(jax.random.split(key))
+
+
+class Block(_ScaledResidualBlock):
+    """Pre-norm self-attention block; ``attention='standard'`` (DeiT III) or ``'talking_heads'`` (CaiT)."""
+
+    def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 attention: str = "standard", branch_scaling: str = "layerscale", init_value: float = 1e-5,
+                 drop_path: float = 0.0, norm_eps: float = 1e-6, dtype=jnp.float32, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs):
+        self.dtype = dtype
+        attn_cls = {"standard": Attention, "talking_heads": TalkingHeadsAttention}[attention]
+        norm = keeps_layernorm(branch_scaling)
+        self.norm1 = layer_norm(dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if norm else None
+        self.attn = attn_cls(dim, num_heads, qkv_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.ls1 = make_branch_scale(branch_scaling, dim, init_value)
+        self.norm2 = layer_norm(dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if norm else None
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.ls2 = make_branch_scale(branch_scaling, dim, init_value)
+        self.drop_path = DropPath(drop_path)
+
+    def __call__(self, x: jnp.ndarray, key: jax.Array | None = None, drop_path_rate=None) -> jnp.ndarray:
+        k1, k2 = self._keys(key)
+        x = x + self.drop_path(self.ls1(self.attn(self._norm(self.norm1, x))), k1, drop_path_rate)
+        x = x + self.drop_path(self.ls2(self.mlp(self._norm(self.norm2, x))), k2, drop_path_rate)
+        return x
+
+
+class ClassAttentionBlock(_ScaledResidualBlock):
+    """CaiT's class-attention block: ``__call__(x_cls, x_patches)`` returns the updated class token."""
+
+    def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 branch_scaling: str = "layerscale", init_value: float = 1e-5, drop_path: float = 0.0,
+                 norm_eps: float = 1e-6, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.dtype = dtype
+        norm = keeps_layernorm(branch_scaling)
+        self.norm1 = layer_norm(dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if norm else None
+        self.attn = ClassAttention(dim, num_heads, qkv_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype,
+                                   rngs=rngs)
+        self.ls1 = make_branch_scale(branch_scaling, dim, init_value)
+        self.norm2 = layer_norm(dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if norm else None
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.ls2 = make_branch_scale(branch_scaling, dim, init_value)
+        self.drop_path = DropPath(drop_path)
+
+    def __call__(self, x_cls: jnp.ndarray, x_patches: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
+        k1, k2 = self._keys(key)
+        tokens = jnp.concatenate([x_cls, x_patches], axis=1)
+        x_cls = x_cls + self.drop_path(self.ls1(self.attn(self._norm(self.norm1, tokens))), k1)
+        x_cls = x_cls + self.drop_path(self.ls2(self.mlp(self._norm(self.norm2, x_cls))), k2)
+        return x_cls

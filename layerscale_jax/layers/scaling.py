@@ -1,0 +1,105 @@
+"""Residual-branch scaling: LayerScale and the schemes it is compared with.
+
+LayerScale (Touvron et al., "Going deeper with Image Transformers", CaiT, 2021) multiplies the output of every
+residual branch of a pre-norm block by a learnable diagonal matrix:
+
+    x'  = x  + diag(λ1) · SA(LN(x))
+    x'' = x' + diag(λ2) · FFN(LN(x'))
+
+with every λ initialised to a small constant ε (ε = 0.1 up to depth 18, 1e-5 at depth 24, 1e-6 deeper), so a deep
+stack starts close to the identity.
+
+The branch-scaling kinds offered for like-for-like ablations (``branch_scaling=`` on every model):
+
+- ``none``       plain pre-norm residual ``x + f(LN(x))``.
+- ``layerscale`` per-channel λ ∈ R^D initialised to ε (CaiT).
+- ``scalar``     one learnable scalar α per branch initialised to ε (the per-layer scalar the CaiT paper ablates).
+- ``rezero``     one scalar α per branch initialised to 0, LayerNorm removed: ``x + α · f(x)``
+                 (Bachlechner et al., "ReZero is All You Need", 2020).
+- ``skipinit``   one scalar α per branch initialised to 0, LayerNorm kept: ``x + α · f(LN(x))``
+                 (De & Smith, "Batch Normalization Biases Residual Blocks Towards the Identity Function", 2020).
+
+The multiplier is always stored and applied in float32, so with bfloat16 compute the residual stream stays float32.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import jax.numpy as jnp
+from flax import nnx
+
+BRANCH_SCALINGS = ("none", "layerscale", "scalar", "rezero", "skipinit")
+
+InitValues = Union[float, str, None]
+
+
+def cait_init_value(depth: int) -> float:
+    """The CaiT rule for ε from the network depth: 0.1 for depth ≤ 18, 1e-5 for depth ≤ 24, 1e-6 deeper."""
+    if depth <= 18:
+        return 0.1
+    if depth <= 24:
+        return 1e-5
+    return 1e-6
+
+
+def resolve_init_value(branch_scaling: str, init_values: InitValues, depth: int) -> float:
+    """The initial value of the branch multiplier for ``branch_scaling`` (``"auto"`` applies the CaiT rule)."""
+    if branch_scaling in ("rezero", "skipinit"):
+        return 0.0
+    if branch_scaling == "none":
+        return 1.0
+    if init_values == "auto":
+        return cait_init_value(depth)
+    return float(init_values)
+
+
+def validate_branch_scaling(branch_scaling: str, init_values: InitValues) -> None:
+    if branch_scaling not in BRANCH_SCALINGS:
+        raise ValueError(f"branch_scaling={branch_scaling!r} is not one of {BRANCH_SCALINGS}")
+    if branch_scaling in ("layerscale", "scalar"):
+        if isinstance(init_values, str):
+            if init_values != "auto":
+                raise ValueError(f"init_values={init_values!r}: expected a float or 'auto'")
+        elif init_values is None or not float(init_values) > 0:
+            raise ValueError(
+                f"init_values={init_values!r}: {branch_scaling} needs a positive initial value (or 'auto')")
+
+
+class LayerScale(nnx.Module):
+    """Per-channel learnable diagonal: ``y = diag(λ) · x`` with λ ∈ R^D initialised to ε, kept in float32."""
+
+    def __init__(self, dim: int, init_value: float):
+        self.gamma = nnx.Param(jnp.full((dim,), init_value, dtype=jnp.float32))
+
+    def __call__(self, branch: jnp.ndarray) -> jnp.ndarray:
+        return self.gamma[...] * branch.astype(jnp.float32)
+
+
+class ScalarScale(nnx.Module):
+    """One learnable scalar for the whole branch: ``y = α · x`` (``scalar``, ReZero, SkipInit), kept in float32."""
+
+    def __init__(self, init_value: float):
+        self.alpha = nnx.Param(jnp.full((), init_value, dtype=jnp.float32))
+
+    def __call__(self, branch: jnp.ndarray) -> jnp.ndarray:
+        return self.alpha[...] * branch.astype(jnp.float32)
+
+
+class Identity(nnx.Module):
+    """No scaling (``none``): the branch output joins the float32 residual stream unchanged."""
+
+    def __call__(self, branch: jnp.ndarray) -> jnp.ndarray:
+        return branch.astype(jnp.float32)
+
+
+def make_branch_scale(branch_scaling: str, dim: int, init_value: float) -> nnx.Module:
+    if branch_scaling == "layerscale":
+        return LayerScale(dim, init_value)
+    if branch_scaling in ("scalar", "rezero", "skipinit"):
+        return ScalarScale(init_value)
+    return Identity()
+
+
+def keeps_layernorm(branch_scaling: str) -> bool:
+    """ReZero removes the branch LayerNorm; every other kind keeps the pre-norm."""
+    return branch_scaling != "rezero"

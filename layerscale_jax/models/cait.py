@@ -1,0 +1,87 @@
+"""CaiT: Class-attention in image Transformers (Touvron et al., "Going deeper with Image Transformers", 2021).
+
+    z_0 = PatchEmbed(image) + E_pos                              (no class token in the first stage)
+    z_l = Block_l(z_{l-1}),  l = 1..depth                        (talking-heads SA blocks with LayerScale)
+    c_0 = x_cls ;  c_j = CABlock_j(c_{j-1}, z_depth), j = 1, 2   (class attention: only the class token is updated)
+    y   = Head(LN([c_2, z_depth])[:, 0])
+
+The official code uses a constant stochastic-depth rate in the first stage and none in the class-attention blocks.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from layerscale_jax.layers.blocks import Block, ClassAttentionBlock
+from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_normal_02
+from layerscale_jax.layers.drop_path import drop_path_rates
+from layerscale_jax.layers.scaling import resolve_init_value
+from layerscale_jax.models.base import ArchConfig, check_images
+from layerscale_jax.models.stack import create_stack, run_stack
+
+
+@dataclasses.dataclass(frozen=True)
+class CaiTConfig(ArchConfig):
+    """``ArchConfig`` plus: depth_token_only (class-attention blocks), mlp_ratio_token_only."""
+    depth_token_only: int = 2
+    mlp_ratio_token_only: float = 4.0
+    drop_path_rule: str = "constant"
+    init_values: float | str = 1e-5
+
+    def validate(self) -> None:
+        super().validate()
+        if not isinstance(self.depth_token_only, int) or self.depth_token_only < 1:
+            raise ValueError(f"depth_token_only={self.depth_token_only!r} must be a positive integer")
+        if not self.mlp_ratio_token_only > 0:
+            raise ValueError(f"mlp_ratio_token_only={self.mlp_ratio_token_only!r} must be positive")
+
+
+class CaiT(nnx.Module):
+    """CaiT. ``model(images, key=None)``: NHWC float images → float32 logits ``(batch, num_classes)``."""
+
+    def __init__(self, cfg: CaiTConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d, dt, pdt = cfg.embed_dim, cfg.dtype, cfg.param_dtype
+        init_value = resolve_init_value(cfg.branch_scaling, cfg.init_values, cfg.depth)
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.cls_token = nnx.Param(trunc_normal_02(rngs.params(), (1, 1, d), pdt))
+        self.pos_embed = nnx.Param(trunc_normal_02(rngs.params(), (1, cfg.num_patches, d), pdt))
+
+        def make_block(block_rngs):
+            return Block(d, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
+                         attention="talking_heads", branch_scaling=cfg.branch_scaling, init_value=init_value,
+                         norm_eps=cfg.norm_eps, dtype=dt, param_dtype=pdt, rngs=block_rngs)
+
+        self.blocks = create_stack(make_block, cfg.depth, cfg.scan_layers, rngs)
+        self.blocks_token_only = nnx.List([
+            ClassAttentionBlock(d, cfg.num_heads, mlp_ratio=cfg.mlp_ratio_token_only, qkv_bias=cfg.qkv_bias,
+                                branch_scaling=cfg.branch_scaling, init_value=init_value, norm_eps=cfg.norm_eps,
+                                dtype=dt, param_dtype=pdt, rngs=rngs)
+            for _ in range(cfg.depth_token_only)])
+        self.norm = layer_norm(d, eps=cfg.norm_eps, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.head = dense(d, cfg.num_classes, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.drop_path_rates = tuple(float(r) for r in drop_path_rates(cfg.drop_path_rate, cfg.depth,
+                                                                         cfg.drop_path_rule))
+        self.deterministic = False
+
+    def forward_features(self, images: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
+        """``[class token, patch tokens]`` after both stages, ``(batch, 1 + num_patches, dim)`` float32."""
+        cfg = self.cfg
+        check_images(images, cfg, type(self).__name__)
+        x = self.patch_embed(images.astype(cfg.dtype)).astype(jnp.float32)
+        x = x + self.pos_embed[...].astype(jnp.float32)
+        x = run_stack(self.blocks, x, depth=cfg.depth, scan_layers=cfg.scan_layers, remat=cfg.remat,
+                      key=None if self.deterministic else key, drop_path_rates=self.drop_path_rates)
+        cls = jnp.broadcast_to(self.cls_token[...].astype(jnp.float32), (x.shape[0], 1, cfg.embed_dim))
+        for block in self.blocks_token_only:
+            cls = block(cls, x)
+        return jnp.concatenate([cls, x], axis=1)
+
+    def forward_head(self, x: jnp.ndarray) -> jnp.ndarray:
+        return self.head(self.norm(x[:, 0].astype(self.cfg.dtype))).astype(jnp.float32)
+
+    def __call__(self, images: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
+        return self.forward_head(self.forward_features(images, key))

@@ -1,0 +1,85 @@
+"""DeiT III-style Vision Transformer with LayerScale (Touvron et al., "DeiT III: Revenge of the ViT", 2022).
+
+    z_0 = [x_cls, PatchEmbed(image) + E_pos]        (position embedding on patch tokens only, added before the
+                                                      class token is concatenated, as DeiT III does)
+    z_l = Block_l(z_{l-1}),  l = 1..depth            (pre-norm blocks with a scaled residual branch)
+    y   = Head(LN(z_L)[:, 0])                        (``global_pool="token"``)
+    y   = Head(LN_fc(mean(z_L[:, 1:])))              (``global_pool="avg"``: timm's ``fc_norm`` after pooling)
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from layerscale_jax.layers.blocks import Block
+from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_normal_02
+from layerscale_jax.layers.drop_path import drop_path_rates
+from layerscale_jax.layers.scaling import resolve_init_value
+from layerscale_jax.models.base import ArchConfig, check_images
+from layerscale_jax.models.stack import create_stack, run_stack
+
+GLOBAL_POOLS = ("token", "avg")
+
+
+@dataclasses.dataclass(frozen=True)
+class ViTConfig(ArchConfig):
+    """``ArchConfig`` plus: global_pool (``token`` | ``avg``)."""
+    global_pool: str = "token"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.global_pool not in GLOBAL_POOLS:
+            raise ValueError(f"global_pool={self.global_pool!r} is not one of {GLOBAL_POOLS}")
+
+
+class VisionTransformer(nnx.Module):
+    """DeiT III / ViT. ``model(images, key=None)``: NHWC float images → float32 logits ``(batch, num_classes)``.
+
+    ``key`` drives stochastic depth in train mode (``model.train()``); ``model.eval()`` makes it deterministic.
+    """
+
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d, dt, pdt = cfg.embed_dim, cfg.dtype, cfg.param_dtype
+        init_value = resolve_init_value(cfg.branch_scaling, cfg.init_values, cfg.depth)
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.cls_token = nnx.Param(trunc_normal_02(rngs.params(), (1, 1, d), pdt))
+        self.pos_embed = nnx.Param(trunc_normal_02(rngs.params(), (1, cfg.num_patches, d), pdt))
+
+        def make_block(block_rngs):
+            return Block(d, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, attention="standard",
+                         branch_scaling=cfg.branch_scaling, init_value=init_value, norm_eps=cfg.norm_eps,
+                         dtype=dt, param_dtype=pdt, rngs=block_rngs)
+
+        self.blocks = create_stack(make_block, cfg.depth, cfg.scan_layers, rngs)
+        avg = cfg.global_pool == "avg"
+        self.norm = None if avg else layer_norm(d, eps=cfg.norm_eps, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.fc_norm = layer_norm(d, eps=cfg.norm_eps, dtype=dt, param_dtype=pdt, rngs=rngs) if avg else None
+        self.head = dense(d, cfg.num_classes, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.drop_path_rates = tuple(float(r) for r in drop_path_rates(cfg.drop_path_rate, cfg.depth,
+                                                                         cfg.drop_path_rule))
+        self.deterministic = False
+
+    def forward_features(self, images: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
+        """Tokens after the block stack, ``(batch, 1 + num_patches, dim)`` float32 (before the final norm)."""
+        cfg = self.cfg
+        check_images(images, cfg, type(self).__name__)
+        x = self.patch_embed(images.astype(cfg.dtype)).astype(jnp.float32)
+        x = x + self.pos_embed[...].astype(jnp.float32)
+        cls = jnp.broadcast_to(self.cls_token[...].astype(jnp.float32), (x.shape[0], 1, cfg.embed_dim))
+        x = jnp.concatenate([cls, x], axis=1)
+        return run_stack(self.blocks, x, depth=cfg.depth, scan_layers=cfg.scan_layers, remat=cfg.remat,
+                         key=None if self.deterministic else key, drop_path_rates=self.drop_path_rates)
+
+    def forward_head(self, x: jnp.ndarray) -> jnp.ndarray:
+        if self.cfg.global_pool == "avg":
+            pooled = self.fc_norm(x[:, 1:].mean(axis=1).astype(self.cfg.dtype))
+        else:
+            pooled = self.norm(x[:, 0].astype(self.cfg.dtype))
+        return self.head(pooled).astype(jnp.float32)
+
+    def __call__(self, images: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
+        return self.forward_head(self.forward_features(images, key))

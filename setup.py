@@ -1,0 +1,37 @@
+"""layerscale-jax: LayerScale and deep Vision Transformers in JAX / Flax NNX."""
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "ml-collections==1.1.0",
+    "absl-py>=2.1",
+    "numpy>=1.26",
+    "safetensors>=0.4",
+    "tensorboardX>=2.6",
+    "matplotlib>=3.8",
+    # Data: TFDS reads prepared array_record data with grain (no TensorFlow at read time);
+    # tensorflow-cpu is needed to *prepare* datasets (including the offline `digits` default).
+    "tensorflow-datasets==4.9.10",
+    "grain==0.2.18",
+    "tensorflow-cpu==2.21.0",
+    "importlib_resources>=6.0",
+    "scikit-learn>=1.4",
+]
+
+setup(
+    name="layerscale-jax",
+    version="0.1.0",
+    description="LayerScale (CaiT) and deep Vision Transformers in JAX / Flax NNX",
+    packages=find_packages(include=["layerscale_jax", "layerscale_jax.*"]),
+    python_requires=">=3.11",
+    install_requires=INSTALL_REQUIRES,
+    extras_require={
+        "test": ["pytest>=8.0"],
+        # Optional: only to create parity fixtures and side-by-side benchmarks. CI never installs it.
+        "timm": ["torch==2.14.1", "torchvision==0.29.1", "timm==1.0.31"],
+    },
+)
