@@ -1,0 +1,44 @@
+"""The default main job: a LayerScale ViT trained on `digits` (offline, 8×8 grayscale) on a CPU in minutes.
+
+    python -m layerscale_jax.train --config configs/digits_layerscale.py --workdir /tmp/digits
+
+The argument selects ablation variants, e.g. ``configs/digits_layerscale.py:depth=24,branch_scaling=none``.
+"""
+import ml_collections
+
+from layerscale_jax.data.config import default_data_config
+from layerscale_jax.optim import default_config as default_optim_config
+from layerscale_jax.train.config import default_train_config, model_section, parse_config_arg
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    args = parse_config_arg(arg, {"depth": 6, "embed_dim": 64, "num_heads": 4, "branch_scaling": "layerscale",
+                                  "init_values": "auto", "scan_layers": False, "steps": 1500, "seed": 0})
+    init_values = args["init_values"] if args["init_values"] == "auto" else float(args["init_values"])
+    config = ml_collections.ConfigDict()
+    config.model = model_section(
+        "deit3_small_patch16_224", img_size=8, patch_size=2, in_chans=1, num_classes=10,
+        embed_dim=args["embed_dim"], depth=args["depth"], num_heads=args["num_heads"],
+        branch_scaling=args["branch_scaling"], init_values=init_values, drop_path_rate=0.05,
+        scan_layers=args["scan_layers"])
+
+    config.data = default_data_config("digits")
+    config.data.label_smoothing = 0.1
+
+    config.optim = default_optim_config()
+    config.optim.name = "adamw"
+    config.optim.learning_rate = 2e-3
+    config.optim.warmup_steps = 100
+    config.optim.schedule = "cosine"
+    config.optim.weight_decay = 0.05
+    config.optim.grad_clip_norm = 1.0
+
+    config.train = default_train_config()
+    config.train.steps = args["steps"]
+    config.train.batch_size = 128
+    config.train.eval_batch_size = 360
+    config.train.seed = args["seed"]
+    config.train.log_every = 100
+    config.train.eval_every = 500
+    config.train.checkpoint_every = 500
+    return config

@@ -1,0 +1,275 @@
+"""``train_and_evaluate(config, workdir)``: the main job, readable top to bottom.
+
+mesh → data → model (abstract) → optimizer → shardings → state (created sharded, or restored) → jitted step →
+loop (metrics, evaluation, checkpoints, preemption) → results.json.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from layerscale_jax import data as data_lib
+from layerscale_jax import optim
+from layerscale_jax.models import create_model
+from layerscale_jax.train import sharding as shard_lib
+from layerscale_jax.train.checkpoint import Checkpointer, all_finite, to_jsonable
+from layerscale_jax.train.config import model_overrides, validate_train_config
+from layerscale_jax.train.metrics import MetricsWriter, layerscale_statistics
+from layerscale_jax.train.step import init_train_state, make_eval_step, make_train_step
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteError(FloatingPointError):
+    pass
+
+
+class _PreemptionFlag:
+    """SIGTERM / SIGINT set a flag; the loop finishes the current step, saves and exits cleanly."""
+
+    def __init__(self):
+        self.raised = False
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:   # not the main thread (e.g. a notebook worker): no handler
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        log.warning("received signal %d: finishing the current step, then saving", signum)
+        self.raised = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def any_process(self) -> bool:
+        if jax.process_count() == 1:
+            return self.raised
+        from jax.experimental import multihost_utils
+        return bool(np.any(multihost_utils.process_allgather(np.array([self.raised]))))
+
+
+def _check_model_matches_data(model_cfg, info) -> None:
+    for field, expected in (("num_classes", info.num_classes), ("img_size", info.image_size),
+                            ("in_chans", info.channels)):
+        if model_cfg.get(field) != expected:
+            raise ValueError(f"model.{field}={model_cfg.get(field)!r} does not match dataset {info.name!r} "
+                             f"({field} = {expected}); set config.model.{field}={expected}")
+
+
+def _check_batch(name: str, batch_size: int, mesh) -> None:
+    batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
+    if batch_size % jax.process_count():
+        raise ValueError(f"train.{name}={batch_size} is not divisible by the process count {jax.process_count()}")
+    if batch_size % batch_devices:
+        raise ValueError(f"train.{name}={batch_size} is not divisible by the {batch_devices} devices of the "
+                         f"mesh's batch axes (data={mesh.shape['data']} × fsdp={mesh.shape['fsdp']})")
+
+
+def build_model_fns(config):
+    """The abstract model and its train/eval graph definitions (no parameters allocated)."""
+    name, overrides = config.model.name, model_overrides(config.model)
+
+    def make(seed: int):
+        return create_model(name, rngs=nnx.Rngs(seed), **overrides)
+
+    abstract = nnx.eval_shape(lambda: make(config.train.seed))
+    abstract.train()
+    graphdef_train, abstract_params = nnx.split(abstract, nnx.Param)
+    abstract.eval()
+    graphdef_eval, _ = nnx.split(abstract, nnx.Param)
+    abstract.train()
+    return make, abstract, graphdef_train, graphdef_eval, abstract_params
+
+
+def state_shardings(abstract_state: dict, param_sharding, mesh, tx) -> dict:
+    rep = shard_lib.replicated(mesh)
+    shardings = {k: rep for k in abstract_state}
+    shardings["params"] = param_sharding
+    if "ema" in abstract_state:
+        shardings["ema"] = param_sharding
+    shardings["opt_state"] = optax.tree_map_params(
+        tx, lambda _, s: s, abstract_state["opt_state"], param_sharding,
+        transform_non_params=lambda _: rep, is_leaf=lambda x: isinstance(x, NamedSharding))
+    return shardings
+
+
+def evaluate(eval_step_fn, params, config, mesh) -> dict[str, float]:
+    sums = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+    iterator = data_lib.make_eval_iterator(config.data, global_batch_size=config.train.eval_batch_size)
+    for batch in iterator:
+        out = eval_step_fn(params, data_lib.to_global_batch(batch, mesh))
+        for k, v in jax.device_get(out).items():
+            sums[k] += float(v)
+    count = max(sums["count"], 1.0)
+    return {"test_accuracy": sums["correct"] / count, "test_loss": sums["loss_sum"] / count,
+            "test_examples": sums["count"]}
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+    """Train ``config`` in ``workdir`` (resuming from its latest checkpoint) and return the final results."""
+    validate_train_config(config.train)
+    tc = config.train
+    os.makedirs(workdir, exist_ok=True)
+    is_primary = jax.process_index() == 0
+
+    # Mesh and data.
+    mesh = shard_lib.make_mesh(tc.mesh)
+    _check_batch("batch_size", tc.batch_size, mesh)
+    _check_batch("eval_batch_size", tc.eval_batch_size, mesh)
+    info = data_lib.get_dataset_info(config.data)
+    _check_model_matches_data(config.model, info)
+
+    # Model (abstract), optimizer, shardings.
+    make_model, abstract_model, graphdef_train, graphdef_eval, abstract_params = build_model_fns(config)
+    bundle = optim.build(config.optim, abstract_model, total_steps=tc.steps)
+    tx, schedule = bundle.tx, bundle.schedule
+    param_sharding = shard_lib.param_shardings(abstract_params, mesh, tc.sharding_rules,
+                                               config.model.scan_layers)
+    use_ema = config.optim.ema_decay > 0
+
+    def init_fn(params):
+        return init_train_state(params, tx, tc.seed, use_ema)
+
+    abstract_state = jax.eval_shape(init_fn, abstract_params)
+    shardings = state_shardings(abstract_state, param_sharding, mesh, tx)
+    abstract_sharded = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                    abstract_state, shardings)
+    if is_primary:
+        n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_params))
+        print(f"model {config.model.name}: {n_params:,} parameters; mesh {dict(mesh.shape)}; "
+              f"{jax.device_count()} devices, {jax.process_count()} processes", flush=True)
+        print("layer-wise learning-rate multipliers:\n" + bundle.table(), flush=True)
+        print("parameter sharding:\n" + shard_lib.describe(param_sharding), flush=True)
+
+    # State: restored from the workdir, or created already sharded.
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints)
+    restored = checkpointer.restore(abstract_sharded)
+    if restored is not None:
+        start_step, state, data_state = restored
+        print(f"resumed from step {start_step} in {checkpointer.directory}", flush=True)
+    else:
+        start_step, data_state = 0, None
+        if tc.init_from:
+            from layerscale_jax.convert import load_pretrained
+            model = make_model(tc.seed)
+            model = load_pretrained(model, tc.init_from)
+            params = jax.device_put(nnx.state(model, nnx.Param), param_sharding)
+            state = jax.jit(init_fn, out_shardings=shardings)(params)
+        else:
+            state = jax.jit(lambda: init_fn(nnx.state(make_model(tc.seed), nnx.Param)),
+                            out_shardings=shardings)()
+
+    # Input pipeline, positioned where the checkpoint left it.
+    train_iter = data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed)
+    if data_state is not None:
+        train_iter.set_state(data_state)
+
+    # Jitted steps with explicit shardings; the train state's buffers are donated.
+    batch_sharding = {"image": shard_lib.batch_sharding(mesh), "label": shard_lib.batch_sharding(mesh)}
+    train_step = jax.jit(
+        make_train_step(graphdef_train, tx, schedule, optim_config=config.optim, data_config=config.data,
+                        num_classes=info.num_classes),
+        in_shardings=(shardings, batch_sharding), out_shardings=(shardings, shard_lib.replicated(mesh)),
+        donate_argnums=(0,))
+    eval_batch_sharding = dict(batch_sharding, mask=shard_lib.batch_sharding(mesh))
+    eval_step = jax.jit(make_eval_step(graphdef_eval), in_shardings=(param_sharding, eval_batch_sharding),
+                        out_shardings=shard_lib.replicated(mesh))
+
+    writer = MetricsWriter(workdir, tc.steps)
+    config_json = to_jsonable(config.to_dict())
+    last_saved = [start_step if restored is not None else None]
+
+    def save(step, metrics=None, force=False):
+        nonfinite = int(jax.device_get(state["nonfinite_steps"]))
+        if nonfinite and tc.nonfinite == "raise":
+            raise NonFiniteError(_nonfinite_message(step, checkpointer, last_saved[0]))
+        checkpointer.save(step, state, train_iter.get_state(), config_json, metrics=metrics, force=force)
+        last_saved[0] = step
+
+    step = start_step
+    pending: list[dict] = []
+    last_log_time, last_log_step = time.time(), step
+    train_start = time.time()
+    eval_results: dict[str, float] = {}
+    preempted = False
+    with _PreemptionFlag() as preemption:
+        while step < tc.steps:
+            batch = data_lib.to_global_batch(next(train_iter), mesh)
+            state, metrics = train_step(state, batch)
+            step += 1
+            pending.append(metrics)
+
+            if step % tc.log_every == 0 or step == tc.steps:
+                fetched = jax.device_get(pending)
+                pending = []
+                if not all(m["finite"] for m in fetched) and tc.nonfinite == "raise":
+                    bad = step - len(fetched) + next(i for i, m in enumerate(fetched) if not m["finite"])
+                    raise NonFiniteError(_nonfinite_message(bad + 1, checkpointer, last_saved[0]))
+                now = time.time()
+                scalars = {k: float(np.mean([m[k] for m in fetched])) for k in
+                           ("train_loss", "train_accuracy", "grad_norm", "learning_rate")}
+                scalars["learning_rate"] = float(fetched[-1]["learning_rate"])
+                scalars["img_per_s"] = (step - last_log_step) * tc.batch_size / max(now - last_log_time, 1e-9)
+                scalars["nonfinite_steps"] = float(jax.device_get(state["nonfinite_steps"]))
+                last_log_time, last_log_step = now, step
+                writer.write(step, scalars)
+                writer.progress(step, scalars)
+
+            is_eval = (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps
+            if is_eval:
+                eval_params = state["ema"] if use_ema else state["params"]
+                eval_results = evaluate(eval_step, eval_params, config, mesh)
+                eval_scalars = {**eval_results, **layerscale_statistics(state["params"])}
+                writer.write(step, eval_scalars)
+                writer.progress(step, eval_results)
+            if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.steps:
+                save(step, metrics=eval_results if is_eval else None, force=True)
+
+            stop_slot = tc.stop_after_steps and step - start_step >= tc.stop_after_steps
+            if (preemption.any_process() or stop_slot) and step < tc.steps:
+                save(step, force=True)
+                preempted = True
+                print(f"stopped at step {step}; checkpoint saved in {checkpointer.directory}", flush=True)
+                break
+
+    checkpointer.close()
+    writer.close()
+    train_seconds = time.time() - train_start
+    if preempted:
+        return {"preempted_at_step": step}
+    results = {"test_accuracy": eval_results.get("test_accuracy"), "test_loss": eval_results.get("test_loss"),
+               "test_examples": eval_results.get("test_examples"), "steps": step,
+               "train_seconds": train_seconds, "nonfinite_steps": int(jax.device_get(state["nonfinite_steps"])),
+               "model": config.model.name, "resumed_from_step": start_step if restored is not None else None}
+    if is_primary:
+        with open(os.path.join(workdir, "results.json"), "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"test accuracy {results['test_accuracy']:.4f} after {step} steps ({train_seconds:.1f} s)\n"
+              f"checkpoints: {checkpointer.directory}\nmetrics: {writer.jsonl_path}\n"
+              f"TensorBoard: tensorboard --logdir {writer.tb_dir}\nresults: {os.path.join(workdir, 'results.json')}",
+              flush=True)
+    return results
+
+
+def _nonfinite_message(step: int, checkpointer: Checkpointer, last_saved) -> str:
+    where = (f"the last good checkpoint is step {last_saved} in {checkpointer.directory}" if last_saved is not None
+             else "no checkpoint has been saved yet")
+    return (f"non-finite loss or gradient norm at step {step}; the update was not applied and the run stops "
+            f"(train.nonfinite='raise'); {where}")

@@ -1,0 +1,160 @@
+"""Device mesh and sharding rules: logical axis names on parameters, mapped to mesh axes by rules in the config.
+
+The mesh has three axes, ``data`` (pure data parallel), ``fsdp`` (data parallel with parameters and optimizer
+state sharded) and ``tensor`` (tensor-parallel attention heads and MLP hidden units). The batch is split over
+``data`` and ``fsdp``. Each parameter has logical axis names (``embed``, ``heads``, ``mlp``, ``classes``,
+``layers``), and the config's rules map each logical name to a mesh axis (or ``None``: replicated), e.g.
+``embed → fsdp``, ``heads → tensor``, ``mlp → tensor``. A dimension that the mesh axis does not divide stays
+replicated.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# Default logical → mesh axis rules: FSDP over the embedding dimension, tensor parallelism over heads and MLP.
+DEFAULT_RULES = (
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("classes", None),
+    ("layers", None),
+)
+
+
+def make_mesh(mesh_config: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ``data × fsdp × tensor`` mesh; one size may be -1 (all remaining devices).
+
+    Axis types are ``Auto`` on purpose: the train step states its shardings explicitly at the jit boundary and
+    lets XLA's partitioner propagate them inside, as pjit did.
+    """
+    devices = list(devices if devices is not None else jax.devices())
+    sizes = {}
+    for axis in MESH_AXES:
+        value = mesh_config.get(axis, 1)
+        if not isinstance(value, int) or (value < 1 and value != -1):
+            raise ValueError(f"mesh.{axis}={value!r} must be a positive integer or -1")
+        sizes[axis] = value
+    unknown = [a for a in sizes if sizes[a] == -1]
+    if len(unknown) > 1:
+        raise ValueError(f"mesh: at most one axis may be -1, got {unknown}")
+    known = math.prod(v for v in sizes.values() if v != -1)
+    if unknown:
+        if len(devices) % known:
+            raise ValueError(f"mesh {dict(sizes)}: {len(devices)} devices are not divisible by {known}")
+        sizes[unknown[0]] = len(devices) // known
+    total = math.prod(sizes.values())
+    if total != len(devices):
+        raise ValueError(f"mesh {dict(sizes)} needs {total} devices but {len(devices)} are available "
+                         f"(set one axis to -1 to use all of them)")
+    shape = tuple(sizes[a] for a in MESH_AXES)
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def _leaf_logical_axes(names: tuple[str, ...], leaf: str, ndim: int) -> tuple:
+    """Logical axes of an unstacked parameter from its module path (timm-style names) and leaf name."""
+    module = names[-1] if names else ""
+    if leaf in ("cls_token", "pos_embed"):
+        return (None, None, "embed")
+    if leaf == "gamma" or (leaf in ("scale", "bias") and module.startswith(("norm", "fc_norm"))):
+        return ("embed",)
+    if leaf == "alpha":
+        return ()
+    if module == "proj" and names[-2:-1] == ("patch_embed",):
+        return (None, None, None, "embed") if leaf == "kernel" else ("embed",)
+    table = {
+        "qkv": ("embed", "heads"), "q": ("embed", "heads"), "k": ("embed", "heads"), "v": ("embed", "heads"),
+        "proj": ("heads", "embed"), "fc1": ("embed", "mlp"), "fc2": ("mlp", "embed"),
+        "head": ("embed", "classes"), "proj_l": (None, None), "proj_w": (None, None),
+    }
+    if module in table:
+        kernel_axes = table[module]
+        return kernel_axes if leaf == "kernel" else kernel_axes[-1:]
+    return (None,) * ndim
+
+
+def path_names(path) -> tuple[str, ...]:
+    """Module/leaf names of a parameter's key path, without list indices and the Variable's ``.value``."""
+    names = []
+    for k in path:
+        if isinstance(k, jax.tree_util.GetAttrKey):
+            continue
+        name = str(getattr(k, "key", getattr(k, "idx", k)))
+        if not name.isdigit():
+            names.append(name)
+    return tuple(names)
+
+
+def param_logical_axes(params: nnx.State, scan_layers: bool) -> Any:
+    """A tree like ``params`` holding each parameter's logical axis names (``layers`` first when stacked)."""
+    def axes(path, value):
+        names = path_names(path)
+        stacked = scan_layers and names[0] == "blocks"
+        base = _leaf_logical_axes(names[:-1], names[-1], value.ndim - int(stacked))
+        result = (("layers",) if stacked else ()) + tuple(base)
+        if len(result) != value.ndim:
+            result = (None,) * value.ndim
+        return result
+
+    return jax.tree_util.tree_map_with_path(axes, params)
+
+
+def logical_to_spec(axes: tuple, shape: tuple, mesh: Mesh, rules: Mapping[str, Any]) -> P:
+    used: set[str] = set()
+    spec = []
+    for name, dim in zip(axes, shape):
+        target = rules.get(name) if name is not None else None
+        targets = (target,) if isinstance(target, str) else tuple(target or ())
+        size = math.prod(mesh.shape[t] for t in targets) if targets else 1
+        if not targets or any(t in used for t in targets) or dim % size or size == 1:
+            spec.append(None)
+            continue
+        used.update(targets)
+        spec.append(targets[0] if len(targets) == 1 else targets)
+    return P(*spec)
+
+
+def validate_rules(rules) -> dict[str, Any]:
+    rules = dict((name, target) for name, target in rules)
+    for name, target in rules.items():
+        targets = (target,) if isinstance(target, str) else tuple(target or ())
+        for t in targets:
+            if t not in MESH_AXES:
+                raise ValueError(f"sharding rule {name!r} → {target!r}: {t!r} is not a mesh axis {MESH_AXES}")
+    return rules
+
+
+def param_shardings(abstract_params, mesh: Mesh, rules, scan_layers: bool):
+    """NamedShardings for a (possibly abstract) parameter tree."""
+    rules = validate_rules(rules)
+    logical = param_logical_axes(abstract_params, scan_layers)
+    return jax.tree.map(lambda ax, p: NamedSharding(mesh, logical_to_spec(ax, p.shape, mesh, rules)),
+                        logical, abstract_params, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def describe(shardings) -> str:
+    lines = []
+    for path, s in jax.tree_util.tree_leaves_with_path(shardings):
+        if tuple(s.spec) and any(a is not None for a in s.spec):
+            lines.append(f"  {jax.tree_util.keystr(path)}: {s.spec}")
+    return "\n".join(lines) if lines else "  (all parameters replicated)"
+
+
+def global_batch_array(local: np.ndarray, mesh: Mesh) -> jax.Array:
+    return jax.make_array_from_process_local_data(batch_sharding(mesh), local)
