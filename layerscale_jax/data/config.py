@@ -1,0 +1,292 @@
+"""The data config: every field of `config.data`, its default, and its validation.
+
+This is the one place where the input-pipeline fields are documented. `default_data_config(name)` returns an
+`ml_collections.ConfigDict` with every field; `validate_data_config(cfg)` checks a config (a ConfigDict, a dict or
+any attribute object; missing fields take the defaults for its `name`) and returns a frozen `DataSettings`, raising
+`ValueError` naming the field and the value at the boundary where a bad value enters.
+
+Fields (`data.*`):
+  name               'digits' (offline default), 'synthetic', or any TFDS image-classification name ('cifar10',
+                     'imagenet2012', ...) prepared as array_record in `data_dir`.
+  data_dir           TFDS data directory; None -> $TFDS_DATA_DIR, else ~/tensorflow_datasets.
+  image_size         square side (pixels) the model sees. digits: 8 (native), cifar*/synthetic: 32, others: 224.
+  num_workers        grain worker processes per host (0 = batches are built in the calling process).
+  prefetch           batches built ahead in background threads of each process (0 = synchronous).
+  cache              decode the whole train split into memory once, at iterator creation (small datasets only).
+  crop_pct           eval: resize the shorter side to image_size / crop_pct, then centre-crop image_size.
+  skip_bad_records   False: a bad record raises an error naming it. True: it is skipped and counted
+                     (`iterator.bad_records`).
+  mixup_alpha        Beta(alpha, alpha) for mixup; 0 disables. Read by the train step via `mixup_cutmix`.
+  cutmix_alpha       Beta(alpha, alpha) for CutMix; 0 disables.
+  label_smoothing    epsilon of the smoothed one-hot targets (timm convention: off = eps / K, on = 1 - eps + off).
+  augment.random_resized_crop  Inception-style random-resized crop (else: resize shorter side + centre crop).
+  augment.crop_scale           (min, max) area fraction of the random-resized crop.
+  augment.crop_padding         random translation: reflect-pad by this many pixels and randomly crop back
+                               (DeiT III's "simple random crop"; 1 px for digits). 0 disables.
+  augment.hflip                random horizontal flip with p = 0.5 (off for digits: digits are not mirror-symmetric).
+  augment.three_augment        DeiT III 3-Augment: one of grayscale / solarize / gaussian blur per image.
+  augment.color_jitter         brightness, contrast and saturation jitter strength (0 disables).
+  augment.randaugment          None or a timm-style RandAugment string, e.g. 'rand-m9-mstd0.5-inc1'.
+  num_classes, channels, num_train, num_test   synthetic only: the shape of the random dataset.
+  synthetic_jpeg_shape         synthetic only: None (raw uint8 images of image_size) or (height, width): records
+                               are JPEG bytes of that shape, so the decode path is exercised (benchmarks).
+"""
+
+import dataclasses
+import re
+from collections.abc import Mapping
+
+import ml_collections
+
+DIGITS = "digits"
+SYNTHETIC = "synthetic"
+
+_AUGMENT_FIELDS = (
+    "random_resized_crop",
+    "crop_scale",
+    "crop_padding",
+    "hflip",
+    "three_augment",
+    "color_jitter",
+    "randaugment",
+)
+
+
+def default_data_config(name=DIGITS):
+    """Returns a ConfigDict with every data field, with the defaults for dataset `name`."""
+    small = name in (DIGITS, SYNTHETIC) or name.startswith("cifar") or "mnist" in name
+    cfg = ml_collections.ConfigDict()
+    cfg.name = name
+    cfg.data_dir = ml_collections.FieldReference(None, field_type=str)
+    cfg.image_size = 8 if name == DIGITS else (32 if small else 224)
+    cfg.num_workers = 0
+    cfg.prefetch = 2
+    cfg.cache = small and name != SYNTHETIC
+    cfg.crop_pct = 1.0 if small else 0.875
+    cfg.skip_bad_records = False
+    cfg.augment = ml_collections.ConfigDict(
+        {
+            "random_resized_crop": not small,
+            "crop_scale": (0.08, 1.0),
+            "crop_padding": 1 if name == DIGITS else (4 if small and name != SYNTHETIC else 0),
+            "hflip": name != DIGITS and "mnist" not in name,
+            "three_augment": not small,
+            "color_jitter": 0.0 if small else 0.3,
+            "randaugment": ml_collections.FieldReference(None, field_type=str),
+        }
+    )
+    if name == SYNTHETIC:
+        cfg.augment.hflip = False
+    # DeiT III ImageNet-1k recipe: mixup 0.8, CutMix 1.0, no label smoothing (BCE loss); small data: smoothing only.
+    cfg.mixup_alpha = 0.0 if small else 0.8
+    cfg.cutmix_alpha = 0.0 if small else 1.0
+    cfg.label_smoothing = 0.1 if small else 0.0
+    cfg.num_classes = 10
+    cfg.channels = 3
+    cfg.num_train = 1024
+    cfg.num_test = 256
+    cfg.synthetic_jpeg_shape = ml_collections.FieldReference(None, field_type=tuple)
+    return cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class RandAugmentSpec:
+    """Parsed timm-style RandAugment string: `rand-m{magnitude}-n{num_ops}-mstd{std}-inc{0|1}`."""
+
+    magnitude: float = 9.0
+    num_ops: int = 2
+    magnitude_std: float = 0.0
+    increasing: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class AugmentSettings:
+    random_resized_crop: bool
+    crop_scale: tuple
+    crop_padding: int
+    hflip: bool
+    three_augment: bool
+    color_jitter: float
+    randaugment: RandAugmentSpec | None
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """A validated data config (see the module docstring for the meaning of every field)."""
+
+    name: str
+    data_dir: str | None
+    image_size: int
+    num_workers: int
+    prefetch: int
+    cache: bool
+    crop_pct: float
+    skip_bad_records: bool
+    augment: AugmentSettings
+    mixup_alpha: float
+    cutmix_alpha: float
+    label_smoothing: float
+    num_classes: int
+    channels: int
+    num_train: int
+    num_test: int
+    synthetic_jpeg_shape: tuple | None
+
+
+def _fields_of(obj):
+    """The fields an object sets, or None when they cannot be listed."""
+    if isinstance(obj, ml_collections.ConfigDict):
+        return set(obj.keys())
+    if isinstance(obj, Mapping):
+        return set(obj.keys())
+    if hasattr(obj, "__dict__"):
+        return {k for k in vars(obj) if not k.startswith("_")}
+    return None
+
+
+def _get(obj, name, default):
+    if isinstance(obj, Mapping) and not isinstance(obj, ml_collections.ConfigDict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def _check_unknown(obj, known, prefix):
+    fields = _fields_of(obj)
+    if fields is None:
+        return
+    unknown = sorted(fields - set(known))
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(prefix + u for u in unknown)}; known: {sorted(known)}")
+
+
+def _int(value, field, minimum=None):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"data.{field} must be an int, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"data.{field} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _float(value, field, lo=None, hi=None, hi_open=False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"data.{field} must be a number, got {value!r}")
+    value = float(value)
+    if (lo is not None and value < lo) or (hi is not None and (value >= hi if hi_open else value > hi)):
+        bracket = ")" if hi_open else "]"
+        raise ValueError(f"data.{field} must be in [{lo}, {hi}{bracket}, got {value!r}")
+    return value
+
+
+def _bool(value, field):
+    if not isinstance(value, bool):
+        raise ValueError(f"data.{field} must be True or False, got {value!r}")
+    return value
+
+
+_RAND_RE = re.compile(r"^rand(-(m[0-9.]+|n[0-9]+|mstd[0-9.]+|inc[01]))*$")
+
+
+def parse_randaugment(spec):
+    """Parses 'rand-m9-mstd0.5-inc1' (timm syntax; m = magnitude 0..10, n = ops per image, mstd, inc)."""
+    if spec is None or spec == "":
+        return None
+    if not isinstance(spec, str) or not _RAND_RE.match(spec):
+        raise ValueError(
+            f"data.augment.randaugment must be None or like 'rand-m9-n2-mstd0.5-inc1', got {spec!r}"
+        )
+    kwargs = {}
+    for part in spec.split("-")[1:]:
+        if part.startswith("mstd"):
+            kwargs["magnitude_std"] = float(part[4:])
+        elif part.startswith("m"):
+            kwargs["magnitude"] = float(part[1:])
+        elif part.startswith("n"):
+            kwargs["num_ops"] = int(part[1:])
+        elif part.startswith("inc"):
+            kwargs["increasing"] = part == "inc1"
+    parsed = RandAugmentSpec(**kwargs)
+    if not 0 <= parsed.magnitude <= 10 or parsed.num_ops < 1:
+        raise ValueError(f"data.augment.randaugment needs 0 <= m <= 10 and n >= 1, got {spec!r}")
+    return parsed
+
+
+def validate_data_config(cfg):
+    """Checks `cfg` (ConfigDict / dict / attribute object) and returns a frozen `DataSettings`."""
+    if isinstance(cfg, DataSettings):
+        return cfg
+    name = _get(cfg, "name", DIGITS)
+    if not isinstance(name, str) or not name or name != name.strip():
+        raise ValueError(f"data.name must be 'digits', 'synthetic' or a TFDS dataset name, got {name!r}")
+    defaults = default_data_config(name)
+    _check_unknown(cfg, defaults.keys(), "data.")
+
+    def get(field):
+        return _get(cfg, field, defaults[field])
+
+    data_dir = get("data_dir")
+    if data_dir is not None and (not isinstance(data_dir, str) or not data_dir):
+        raise ValueError(f"data.data_dir must be None or a non-empty path string, got {data_dir!r}")
+    image_size = _int(get("image_size"), "image_size", 1)
+
+    aug = _get(cfg, "augment", None)
+    aug_defaults = defaults.augment
+    if aug is None:
+        aug = aug_defaults
+    _check_unknown(aug, _AUGMENT_FIELDS, "data.augment.")
+
+    def aget(field):
+        return _get(aug, field, aug_defaults[field])
+
+    scale = aget("crop_scale")
+    if (
+        not isinstance(scale, (tuple, list))
+        or len(scale) != 2
+        or not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in scale)
+        or not 0 < scale[0] <= scale[1] <= 1
+    ):
+        raise ValueError(f"data.augment.crop_scale must be (min, max) with 0 < min <= max <= 1, got {scale!r}")
+    crop_padding = _int(aget("crop_padding"), "augment.crop_padding", 0)
+    if crop_padding >= image_size:
+        raise ValueError(
+            f"data.augment.crop_padding must be smaller than data.image_size={image_size}, got {crop_padding}"
+        )
+    augment = AugmentSettings(
+        random_resized_crop=_bool(aget("random_resized_crop"), "augment.random_resized_crop"),
+        crop_scale=(float(scale[0]), float(scale[1])),
+        crop_padding=crop_padding,
+        hflip=_bool(aget("hflip"), "augment.hflip"),
+        three_augment=_bool(aget("three_augment"), "augment.three_augment"),
+        color_jitter=_float(aget("color_jitter"), "augment.color_jitter", 0.0, 1.0),
+        randaugment=parse_randaugment(aget("randaugment")),
+    )
+    channels = _int(get("channels"), "channels", 1)
+    if channels not in (1, 3):
+        raise ValueError(f"data.channels must be 1 or 3, got {channels}")
+    jpeg_shape = get("synthetic_jpeg_shape")
+    if jpeg_shape is not None:
+        if (
+            not isinstance(jpeg_shape, (tuple, list))
+            or len(jpeg_shape) != 2
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in jpeg_shape)
+        ):
+            raise ValueError(f"data.synthetic_jpeg_shape must be None or (height, width), got {jpeg_shape!r}")
+        jpeg_shape = (int(jpeg_shape[0]), int(jpeg_shape[1]))
+    return DataSettings(
+        name=name,
+        data_dir=data_dir,
+        image_size=image_size,
+        num_workers=_int(get("num_workers"), "num_workers", 0),
+        prefetch=_int(get("prefetch"), "prefetch", 0),
+        cache=_bool(get("cache"), "cache"),
+        crop_pct=_float(get("crop_pct"), "crop_pct", 0.05, 1.0),
+        skip_bad_records=_bool(get("skip_bad_records"), "skip_bad_records"),
+        augment=augment,
+        mixup_alpha=_float(get("mixup_alpha"), "mixup_alpha", 0.0),
+        cutmix_alpha=_float(get("cutmix_alpha"), "cutmix_alpha", 0.0),
+        label_smoothing=_float(get("label_smoothing"), "label_smoothing", 0.0, 1.0, hi_open=True),
+        num_classes=_int(get("num_classes"), "num_classes", 1),
+        channels=channels,
+        num_train=_int(get("num_train"), "num_train", 1),
+        num_test=_int(get("num_test"), "num_test", 1),
+        synthetic_jpeg_shape=jpeg_shape,
+    )

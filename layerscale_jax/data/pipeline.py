@@ -1,0 +1,605 @@
+"""Train and eval iterators: deterministic, per-process sharded, exactly resumable; grain runs them.
+
+Order (train). The global stream is a sequence of positions q = 0, 1, 2, ...; position q is record
+`perm_e[q mod N]` of epoch e = q // N, where perm_e is a permutation of the N train records seeded by (seed, e), so
+every epoch visits every record once, reshuffled per epoch, and batches run on across epoch boundaries (an infinite
+stream has no remainder to drop). Global batch j is positions [j G, (j + 1) G); process p of P reads only its slice
+[j G + p b, j G + (p + 1) b), b = G / P. The batches an example lands in therefore do not depend on the number of
+processes, and the processes' slices of a global batch are disjoint and cover it.
+
+Randomness. Batch j's augmentation parameters are drawn from a generator seeded by (seed, j) for all G images of
+the global batch, and each process uses its slice; per-image crops use a generator seeded by (seed, q). So batches
+are a pure function of (config, seed, j): the number of grain workers, prefetch threads or processes changes
+nothing.
+
+Execution. `grain.MapDataset.range(j0, ...).map(batch_fn)` -> `to_iter_dataset` (prefetch threads) -> optional
+`mp_prefetch` (worker processes). One grain element is one batch: records are read in a batch read, fixed-size
+work is vectorised in numpy over the batch, and grain's per-element overhead (~0.2 ms, measured) is paid once per
+batch rather than once per image. (`grain.DataLoader` with an `IndexSampler` pays it per image, which caps it near
+5k images/s even with no-op transforms on this machine: too slow for `digits`.)
+
+Resume. `get_state()` is a small JSON-able dict (next batch index, records already taken from a partly used batch,
+bad-record count); `set_state` restarts grain at that batch. States agree across processes unless records were
+skipped, and a state without a partly used batch (`offset == 0`) can be restored on another process count.
+
+Bad records. A label outside [0, num_classes) or an undecodable image raises `BadRecordError` naming the record;
+with `skip_bad_records`, it is dropped and counted (`iterator.bad_records`); train batches are refilled from the
+next batch so every batch keeps b examples, eval marks it `mask=False`.
+"""
+
+import collections
+import dataclasses
+import threading
+import time
+
+import numpy as np
+
+from layerscale_jax.data import sources, transforms
+from layerscale_jax.data.config import DIGITS, SYNTHETIC, validate_data_config
+from layerscale_jax.data.randaugment import rand_augment
+from layerscale_jax.data.sources import BadRecordError
+
+STATE_VERSION = 1
+_INFINITE = 2**62  # "infinite" number of train batches.
+_READ_CHUNK = 1024  # records per read when filling the cache.
+_CHUNK_BYTES = 1 << 20  # batch-stage working set (float32 bytes) per chunk.
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# Per-dataset normalisation constants (mean, std of pixel values / 255 over the train split).
+NORMALIZATION = {
+    DIGITS: ((0.3048,), (0.3756,)),  # computed on the 1,442 digits train images (0..255 scaling).
+    SYNTHETIC: (None, None),  # uniform noise: 0.5 and 1/sqrt(12) per channel, filled in by `normalization`.
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion_mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "imagenet2012": (IMAGENET_MEAN, IMAGENET_STD),
+    "imagenet_v2": (IMAGENET_MEAN, IMAGENET_STD),
+    "imagenette": (IMAGENET_MEAN, IMAGENET_STD),
+}
+
+
+def normalization(name, channels):
+    """(mean, std) tuples for dataset `name`; unknown names: ImageNet's (3 channels) or 0.5 / 0.5 (1 channel)."""
+    base = name.split("/")[0].split(":")[0]
+    if base == SYNTHETIC:
+        return (0.5,) * channels, (float(1 / np.sqrt(12)),) * channels
+    if base in NORMALIZATION:
+        mean, std = NORMALIZATION[base]
+        if len(mean) == channels:
+            return mean, std
+    return (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.5,) * channels, (0.5,) * channels)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """What the model and the train loop need to know about a dataset."""
+
+    name: str
+    num_classes: int
+    image_size: int  # square side the model sees
+    channels: int
+    num_train: int
+    num_test: int
+    mean: tuple  # per channel, of pixel / 255
+    std: tuple
+
+
+def _info(settings, train_src, eval_src, num_classes, channels):
+    mean, std = normalization(settings.name, channels)
+    return DatasetInfo(
+        name=settings.name,
+        num_classes=num_classes,
+        image_size=settings.image_size,
+        channels=channels,
+        num_train=len(train_src),
+        num_test=len(eval_src),
+        mean=tuple(mean),
+        std=tuple(std),
+    )
+
+
+def get_dataset_info(data_config):
+    """DatasetInfo for `data_config` (prepares `digits` on first use; raises if a TFDS dataset is not prepared)."""
+    settings = validate_data_config(data_config)
+    return _info(settings, *sources.open_sources(settings))
+
+
+# --------------------------------------------------------------------------------------------- order & records
+
+
+class _Order:
+    """Position q -> record key: perm_e[q mod N] with perm_e seeded by (seed, e). Keeps a few epochs cached."""
+
+    _KEEP = 4
+
+    def __init__(self, num_records, seed):
+        self.n, self.seed = num_records, seed
+        self._perms = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {"n": self.n, "seed": self.seed}
+
+    def __setstate__(self, state):
+        self.__init__(state["n"], state["seed"])
+
+    def _perm(self, epoch):
+        with self._lock:
+            perm = self._perms.get(epoch)
+            if perm is None:
+                perm = np.random.default_rng([self.seed, 0, epoch]).permutation(self.n)
+                self._perms[epoch] = perm
+                if len(self._perms) > self._KEEP:
+                    self._perms.popitem(last=False)
+            return perm
+
+    def keys(self, positions):
+        epochs = positions // self.n
+        out = np.empty_like(positions)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            out[sel] = self._perm(int(e))[positions[sel] % self.n]
+        return out
+
+
+class _Records:
+    """Reads, checks and decodes records of a source. Bad records raise, or come back as None when skipping."""
+
+    def __init__(self, source, channels, num_classes, skip_bad):
+        self.source, self.channels, self.num_classes, self.skip_bad = source, channels, num_classes, skip_bad
+
+    def load(self, keys):
+        images, labels = [], np.zeros(len(keys), np.int32)
+        for i, (key, (raw, label)) in enumerate(zip(keys, self.source.read(keys))):
+            try:
+                label = int(label)
+                if not 0 <= label < self.num_classes:
+                    raise ValueError(f"label {label} is outside [0, {self.num_classes})")
+                image = transforms.decode_image(raw, self.channels)
+            except (ValueError, TypeError) as e:
+                if not self.skip_bad:
+                    raise BadRecordError(
+                        f"bad {self.source.describe(key)}: {e}. "
+                        "Set data.skip_bad_records=True to skip (and count) such records."
+                    ) from None
+                images.append(None)
+                continue
+            images.append(image)
+            labels[i] = label
+        return images, labels
+
+
+@dataclasses.dataclass
+class _Cache:
+    images: object  # uint8 [N, S, S, C] when `final`, else a list of decoded images of any size
+    labels: np.ndarray
+    final: bool  # images are already at the model's size (the per-image train stage is deterministic)
+    skipped: int
+
+
+def _build_cache(records, element_fn):
+    """Decodes the whole split (in chunks) into memory; `element_fn` (or None) is the deterministic image stage."""
+    images, labels, skipped = [], [], 0
+    n = len(records.source)
+    for start in range(0, n, _READ_CHUNK):
+        keys = np.arange(start, min(start + _READ_CHUNK, n))
+        imgs, labs = records.load(keys)
+        for img, lab in zip(imgs, labs):
+            if img is None:
+                skipped += 1
+                continue
+            images.append(element_fn(img) if element_fn else img)
+            labels.append(lab)
+    if not images:
+        raise ValueError(f"every record of {records.source.describe(0).split(' of ', 1)[1]} is bad")
+    final = element_fn is not None
+    return _Cache(np.stack(images) if final else images, np.asarray(labels, np.int32), final, skipped)
+
+
+# --------------------------------------------------------------------------------------------- batch functions
+
+
+@dataclasses.dataclass
+class _Geometry:
+    global_batch: int
+    per_process: int
+    process_index: int
+
+    @property
+    def lo(self):
+        return self.process_index * self.per_process
+
+    def positions(self, j):
+        return j * self.global_batch + self.lo + np.arange(self.per_process, dtype=np.int64)
+
+
+class _TrainBatch:
+    """Train batch j of this process: {"image": float32 [b,S,S,C], "label": int32 [b], "_valid": bool [b]}."""
+
+    def __init__(self, settings, records, cache, order, seed, geometry, channels, mean, std):
+        self.s, self.aug = settings, settings.augment
+        self.records, self.cache, self.order, self.seed, self.g = records, cache, order, seed, geometry
+        self.channels, self.mean, self.std = channels, mean, std
+        fill = tuple(int(round(255 * m)) for m in mean)
+        self.fill = fill if channels == 3 else fill[0]
+
+    def element(self, image, position):
+        """Per-image train stage: random-resized crop (seeded by position) or resize + centre crop."""
+        if self.aug.random_resized_crop:
+            rng = np.random.default_rng([self.seed, 2, int(position)])
+            return transforms.random_resized_crop(image, self.s.image_size, self.aug.crop_scale, rng)
+        return transforms.resize_center_crop(image, self.s.image_size)
+
+    def __call__(self, j):
+        g, size = self.g, self.s.image_size
+        positions = g.positions(j)
+        keys = self.order.keys(positions)
+        valid = np.ones(g.per_process, bool)
+        if self.cache is not None:
+            labels = self.cache.labels[keys]
+            if self.cache.final:
+                x = self.cache.images[keys]
+            else:
+                x = np.stack([self.element(self.cache.images[k], q) for k, q in zip(keys, positions)])
+        else:
+            images, labels = self.records.load(keys)
+            x = np.zeros((g.per_process, size, size, self.channels), np.uint8)
+            for i, (image, q) in enumerate(zip(images, positions)):
+                if image is None:
+                    valid[i] = False
+                else:
+                    x[i] = self.element(image, q)
+        return {"image": self.augment_and_normalize(x, j), "label": labels, "_valid": valid}
+
+    def draw(self, j):
+        """Random parameters of batch j, drawn for the whole global batch (seeded by (seed, j)), then sliced."""
+        aug, g = self.aug, self.g
+        rng = np.random.default_rng([self.seed, 1, int(j)])
+        n, sl = g.global_batch, slice(g.lo, g.lo + g.per_process)
+        params = {}
+        if aug.crop_padding:
+            params["offsets"] = rng.integers(0, 2 * aug.crop_padding + 1, size=(n, 2))[sl]
+        if aug.hflip:
+            params["flip"] = (rng.random(n) < 0.5)[sl]
+        if aug.randaugment is not None:
+            params["randaugment_seed"] = rng.integers(0, 2**63, size=n)[sl]
+        if aug.three_augment:
+            params["three_augment"] = rng.integers(0, 3, size=n)[sl]
+            params["blur_sigma"] = rng.uniform(0.1, 2.0, size=n)[sl]
+        if aug.color_jitter > 0:
+            s = aug.color_jitter
+            params["jitter_factors"] = rng.uniform(max(0.0, 1.0 - s), 1.0 + s, size=(n, 3))[sl]
+            params["jitter_order"] = np.argsort(rng.random((n, 3)), axis=1)[sl]
+        return params
+
+    def augment_and_normalize(self, x, j):
+        """Batch stage on uint8 [b, S, S, C] -> normalised float32, in chunks of ~1 MiB to stay in cache."""
+        params = self.draw(j)
+        out = np.empty(x.shape, np.float32)
+        step = max(1, _CHUNK_BYTES // max(1, x[0].nbytes * 4))
+        for c in range(0, len(x), step):
+            sl = slice(c, c + step)
+            out[sl] = self.apply(x[sl], {k: v[sl] for k, v in params.items()})
+        return out
+
+    def per_image(self, image, p):
+        """RandAugment -> 3-Augment -> colour jitter on one uint8 image, with PIL."""
+        aug = self.aug
+        img = transforms.to_pil(image)
+        if aug.randaugment is not None:
+            img = rand_augment(img, aug.randaugment, np.random.default_rng(p["randaugment_seed"]), self.fill)
+        if aug.three_augment:
+            img = transforms.three_augment(img, p["three_augment"], p["blur_sigma"])
+        if aug.color_jitter > 0:
+            img = transforms.color_jitter(img, p["jitter_factors"], p["jitter_order"])
+        return transforms.from_pil(img)
+
+    def apply(self, x, p):
+        aug = self.aug
+        if aug.crop_padding:
+            x = transforms.translate(x, p["offsets"][:, 0], p["offsets"][:, 1], aug.crop_padding)
+        if aug.hflip:
+            x = transforms.hflip(x, p["flip"])
+        if aug.randaugment is not None or aug.three_augment or aug.color_jitter > 0:
+            x = np.stack([self.per_image(img, {k: v[i] for k, v in p.items()}) for i, img in enumerate(x)])
+        return transforms.normalize(x, self.mean, self.std)
+
+
+class _EvalBatch:
+    """Eval batch j: positions past the end of the split are padding (mask False), as are skipped bad records."""
+
+    def __init__(self, settings, records, num_records, geometry, channels, mean, std):
+        self.s, self.records, self.n, self.g = settings, records, num_records, geometry
+        self.channels, self.mean, self.std = channels, mean, std
+
+    def __call__(self, j):
+        g, size = self.g, self.s.image_size
+        positions = g.positions(j)
+        real = np.flatnonzero(positions < self.n)
+        x = np.zeros((g.per_process, size, size, self.channels), np.uint8)
+        labels = np.zeros(g.per_process, np.int32)
+        mask = np.zeros(g.per_process, bool)
+        images, labs = self.records.load(positions[real]) if real.size else ([], [])
+        bad = 0
+        for i, image, label in zip(real, images, labs):
+            if image is None:
+                bad += 1
+                continue
+            x[i] = transforms.resize_center_crop(image, size, self.s.crop_pct)
+            labels[i], mask[i] = label, True
+        return {
+            "image": transforms.normalize(x, self.mean, self.std),
+            "label": labels,
+            "mask": mask,
+            "_bad": np.int64(bad),
+        }
+
+
+def _grain_iterator(batch_fn, start, stop, num_workers, prefetch):
+    import grain
+
+    ds = grain.MapDataset.range(start, stop).map(batch_fn)
+    it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=prefetch, prefetch_buffer_size=prefetch))
+    if num_workers > 0:
+        from absl import flags
+
+        # grain's worker processes read an absl flag; outside `absl.app.run` (tests, notebooks) nothing parsed them.
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        it_ds = it_ds.mp_prefetch(
+            grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=max(1, prefetch))
+        )
+    return iter(it_ds)
+
+
+# --------------------------------------------------------------------------------------------- iterators
+
+
+class TrainIterator:
+    """Infinite iterator of per-process train batches {"image": float32 [b,S,S,C], "label": int32 [b]}.
+
+    `get_state()` -> JSON-serialisable dict; `set_state(state)` resumes on exactly the batches an uninterrupted run
+    would have produced. `bad_records` counts the records skipped so far (with `data.skip_bad_records`).
+    """
+
+    def __init__(self, batch_fn, per_process_batch, settings, meta, cache_skipped):
+        self._fn, self._b, self._settings, self._meta = batch_fn, per_process_batch, settings, meta
+        self._cache_skipped = cache_skipped
+        self._it = None
+        self._start(0, 0)
+
+    @property
+    def bad_records(self):
+        return self._cache_skipped + self._stream_bad
+
+    @property
+    def per_process_batch_size(self):
+        return self._b
+
+    def _start(self, next_batch, bad_records):
+        self.close()
+        s = self._settings
+        self._it = _grain_iterator(self._fn, next_batch, _INFINITE, s.num_workers, s.prefetch)
+        self._next_pull = next_batch
+        self._chunks = collections.deque()  # [batch index, valid rows (dict), bad records before this batch]
+        self._offset = 0  # rows of the first chunk already yielded
+        self._stream_bad = bad_records
+
+    def __iter__(self):
+        return self
+
+    def _pull(self):
+        batch = next(self._it)
+        j, self._next_pull = self._next_pull, self._next_pull + 1
+        valid = batch.pop("_valid")
+        n_valid = int(valid.sum())
+        bad_before = self._stream_bad
+        self._stream_bad += len(valid) - n_valid
+        if n_valid < len(valid):
+            batch = {k: v[valid] for k, v in batch.items()}
+        if n_valid:
+            self._chunks.append([j, batch, bad_before])
+
+    def __next__(self):
+        if self._it is None:
+            raise RuntimeError("the train iterator is closed")
+        while sum(len(c[1]["label"]) for c in self._chunks) - self._offset < self._b:
+            self._pull()
+        head = self._chunks[0][1]
+        if self._offset == 0 and len(head["label"]) == self._b:
+            self._chunks.popleft()
+            return head
+        parts, need = [], self._b
+        while need:
+            rows = self._chunks[0][1]
+            take = min(len(rows["label"]) - self._offset, need)
+            parts.append({k: v[self._offset : self._offset + take] for k, v in rows.items()})
+            need -= take
+            self._offset += take
+            if self._offset == len(rows["label"]):
+                self._chunks.popleft()
+                self._offset = 0
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def get_state(self):
+        if self._chunks:
+            next_batch, _, bad = self._chunks[0]
+            offset = self._offset
+        else:
+            next_batch, offset, bad = self._next_pull, 0, self._stream_bad
+        return {"version": STATE_VERSION, "next_batch": next_batch, "offset": offset, "bad_records": bad, **self._meta}
+
+    def set_state(self, state):
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"not a train-iterator state of version {STATE_VERSION}: {state!r}")
+        for field in ("dataset", "seed", "global_batch_size", "num_records"):
+            if state.get(field) != self._meta[field]:
+                raise ValueError(
+                    f"iterator state has {field}={state.get(field)!r} but this iterator has {self._meta[field]!r}"
+                )
+        offset = int(state["offset"])
+        if offset:  # A partly used batch: only this process's slice of it is meaningful.
+            for field in ("process_index", "process_count"):
+                if state.get(field) != self._meta[field]:
+                    raise ValueError(
+                        f"iterator state with a partly used batch (offset={offset}) has {field}="
+                        f"{state.get(field)!r}, this iterator has {self._meta[field]!r}"
+                    )
+        self._start(int(state["next_batch"]), int(state["bad_records"]))
+        if offset:
+            self._pull()
+            self._offset = offset
+
+    def close(self):
+        it, self._it = self._it, None
+        if it is not None and hasattr(it, "close"):
+            it.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # Interpreter shutdown: modules may already be gone.
+            pass
+
+
+class EvalIterator:
+    """One pass over the eval split: per-process batches {"image", "label", "mask"}; len() = number of batches."""
+
+    def __init__(self, batch_fn, num_batches, settings):
+        self._num_batches = num_batches
+        self._it = _grain_iterator(batch_fn, 0, num_batches, settings.num_workers, settings.prefetch)
+        self.bad_records = 0
+
+    def __len__(self):
+        return self._num_batches
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._it is None:
+            raise StopIteration
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self.close()
+            raise
+        self.bad_records += int(batch.pop("_bad"))
+        return batch
+
+    def close(self):
+        it, self._it = self._it, None
+        if it is not None and hasattr(it, "close"):
+            it.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _processes(global_batch_size, process_index, process_count):
+    if process_index is None or process_count is None:
+        import jax
+
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
+        raise ValueError(f"global_batch_size must be a positive int, got {global_batch_size!r}")
+    if not isinstance(process_count, int) or process_count < 1:
+        raise ValueError(f"process_count must be a positive int, got {process_count!r}")
+    if not isinstance(process_index, int) or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index must be in [0, {process_count}), got {process_index!r}")
+    if global_batch_size % process_count:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} is not divisible by process_count={process_count}"
+        )
+    return process_index, process_count, global_batch_size // process_count
+
+
+def make_train_iterator(data_config, *, global_batch_size, seed, process_index=None, process_count=None):
+    """Infinite, deterministic, per-process sharded, exactly resumable train iterator (see module docstring)."""
+    settings = validate_data_config(data_config)
+    p, num_p, b = _processes(global_batch_size, process_index, process_count)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    seed = int(seed)
+    train_src, _, num_classes, channels = sources.open_sources(settings)
+    mean, std = normalization(settings.name, channels)
+    records = _Records(train_src, channels, num_classes, settings.skip_bad_records)
+    geometry = _Geometry(global_batch_size, b, p)
+    fn = _TrainBatch(settings, records, None, None, seed, geometry, channels, mean, std)
+    cache = None
+    if settings.cache:
+        deterministic = None if settings.augment.random_resized_crop else (lambda img: fn.element(img, 0))
+        cache = _build_cache(records, deterministic)
+    num_records = len(cache.labels) if cache is not None else len(train_src)
+    fn.cache, fn.order = cache, _Order(num_records, seed)
+    if cache is not None:
+        fn.records = None  # Everything is in memory; do not ship the source to workers.
+    meta = {
+        "dataset": settings.name,
+        "seed": seed,
+        "global_batch_size": global_batch_size,
+        "num_records": num_records,
+        "process_index": p,
+        "process_count": num_p,
+    }
+    return TrainIterator(fn, b, settings, meta, cache.skipped if cache is not None else 0)
+
+
+def make_eval_iterator(data_config, *, global_batch_size, process_index=None, process_count=None):
+    """One pass over the eval split, padded (mask False) so every example counts exactly once across processes."""
+    settings = validate_data_config(data_config)
+    p, _, b = _processes(global_batch_size, process_index, process_count)
+    _, eval_src, num_classes, channels = sources.open_sources(settings)
+    mean, std = normalization(settings.name, channels)
+    records = _Records(eval_src, channels, num_classes, settings.skip_bad_records)
+    n = len(eval_src)
+    num_batches = -(-n // global_batch_size)
+    fn = _EvalBatch(settings, records, n, _Geometry(global_batch_size, b, p), channels, mean, std)
+    return EvalIterator(fn, num_batches, settings)
+
+
+def measure_pipeline(data_config, global_batch_size, num_batches, warmup=2):
+    """Images/s of the train pipeline alone (one process, process_index 0 of 1), after `warmup` batches."""
+    settings = validate_data_config(data_config)
+    t0 = time.perf_counter()
+    it = make_train_iterator(settings, global_batch_size=global_batch_size, seed=0, process_index=0, process_count=1)
+    try:
+        for _ in range(warmup):
+            next(it)
+        start_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        for _ in range(num_batches):
+            batch = next(it)
+        seconds = time.perf_counter() - t1
+    finally:
+        it.close()
+    return {
+        "name": settings.name,
+        "image_size": settings.image_size,
+        "image_shape": list(batch["image"].shape[1:]),
+        "global_batch_size": global_batch_size,
+        "num_batches": num_batches,
+        "num_workers": settings.num_workers,
+        "prefetch": settings.prefetch,
+        "cache": settings.cache,
+        "seconds": seconds,
+        "startup_seconds": start_s,
+        "images_per_s": global_batch_size * num_batches / seconds,
+    }
