@@ -1,0 +1,189 @@
+"""``build(config, model, total_steps=...)``: the optax transformation for a model, with layer-wise LR decay,
+weight-decay and freeze masks, in either block layout.
+
+The update, for a trainable parameter ``w`` in layer group ``i`` with multiplier ``s_i = decay ** (L_max − i)``:
+
+    g  ← clip_by_global_norm(g, grad_clip_norm)        (over the trainable parameters)
+    u  ← base(g)                                        (Adam moments / LAMB / SGD momentum)
+    u  ← u + wd · w                                      (decoupled, only where ``weight_decay_mask`` is true)
+    Δw = −lr(t) · s_i · u                               (torch AdamW: ``w ← w − lr·s·(m̂/(√v̂+eps) + wd·w)``)
+
+Unrolled layout: ``optax.partition`` with one label per layer group (``layer_<i>``), each group's base optimizer
+followed by ``optax.scale(s_i)``, plus ``frozen`` → ``optax.set_to_zero()`` (no state). Scanned layout: the stacked
+``blocks`` parameters share the label ``stacked``, whose base optimizer is followed by a multiplier along the layer
+axis (``s_i`` for layer i, 0 for frozen layers), with per-layer LAMB trust ratios — the two layouts give the same
+updates for the same weights and gradients.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any, Callable
+
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from layerscale_jax.models import groups
+from layerscale_jax.optim import transforms
+from layerscale_jax.optim.config import freeze_patterns, validate_config
+from layerscale_jax.optim.param_rules import layer_decay_scales, trainable_mask, weight_decay_mask
+from layerscale_jax.optim.schedules import make_schedule
+
+FROZEN = "frozen"
+STACKED = "stacked"
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupRow:
+    """One line of the layer table: a layer group, its LR multiplier and its parameter counts."""
+    group: int
+    lr_scale: float
+    params: int
+    trainable: int
+    decayed: int
+    members: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerBundle:
+    """What ``build`` returns.
+
+    tx: ``optax.GradientTransformation`` over the pytree ``nnx.state(model, nnx.Param)`` (or its pure dict);
+        call ``tx.update(grads, opt_state, params)`` — weight decay and LAMB need ``params``.
+    schedule: ``step → peak learning rate`` (before layer scales), for logging.
+    lr_scales, wd_mask, trainable_mask, group_ids, labels: trees shaped like ``nnx.state(model, nnx.Param)``
+        (``(depth,)`` arrays for stacked parameters; ``labels`` are the ``optax.partition`` labels).
+    rows: the per-group table, also rendered by ``table()``.
+    """
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    lr_scales: Any
+    wd_mask: Any
+    trainable_mask: Any
+    group_ids: Any
+    labels: Any
+    rows: tuple[GroupRow, ...]
+    config: ml_collections.ConfigDict
+
+    def table(self) -> str:
+        """The per-layer table the trainer logs at start: group, LR multiplier, parameter counts, members."""
+        c = self.config
+        total = sum(r.params for r in self.rows)
+        trainable = sum(r.trainable for r in self.rows)
+        decayed = sum(r.decayed for r in self.rows)
+        lines = [f"optimizer {c.name}, lr {c.learning_rate:g} ({c.schedule}, warmup {c.warmup_steps}), "
+                 f"weight decay {c.weight_decay:g}, layer decay {c.layer_decay:g} ({c.layer_decay_convention}"
+                 f"{f', min scale {c.layer_decay_min_scale:g}' if c.layer_decay_min_scale else ''})",
+                 f"{len(self.rows)} layer groups, {total:,} params, {trainable:,} trainable, "
+                 f"{decayed:,} with weight decay",
+                 f"{'group':>5}  {'lr scale':>10}  {'params':>12}  {'trainable':>12}  members"]
+        for r in self.rows:
+            members = ", ".join(r.members)
+            lines.append(f"{r.group:>5}  {r.lr_scale:>10.4g}  {r.params:>12,}  {r.trainable:>12,}  {members}")
+        return "\n".join(lines)
+
+
+def _table(tree) -> dict[tuple, Any]:
+    """A params-shaped tree → ``{path: leaf}``."""
+    flat: dict[tuple, Any] = {}
+    groups.map_params(lambda path, leaf: flat.__setitem__(path, leaf), tree)
+    return flat
+
+
+def _base_optimizer(config, schedule, decays: dict, stacked: dict) -> optax.GradientTransformation:
+    wd = float(config.weight_decay)
+    decay = [transforms.add_weight_decay(wd, decays)] if wd > 0 else []
+    if config.name == "adamw":
+        parts = [optax.scale_by_adam(config.b1, config.b2, config.eps), *decay]
+    elif config.name == "lamb":
+        parts = [optax.scale_by_adam(config.b1, config.b2, config.eps), *decay,
+                 transforms.scale_by_trust_ratio(decays, stacked)]
+    else:  # sgd: torch.optim.SGD — L2 into the gradient, then heavy-ball momentum
+        parts = [*decay, *([optax.trace(decay=config.momentum)] if config.momentum > 0 else [])]
+    return optax.chain(*parts, optax.scale_by_learning_rate(schedule))
+
+
+def _member(path: tuple) -> str:
+    if len(path) > 1 and isinstance(path[1], int):
+        return f"{path[0]}.{path[1]}"
+    return str(path[0])
+
+
+def _rows(model, ids: dict, scales: dict, decays: dict, trainable: dict) -> tuple[GroupRow, ...]:
+    shapes: dict[tuple, tuple] = {}
+    groups.map_params(lambda path, x: shapes.__setitem__(path, tuple(x.shape)), nnx.state(model, nnx.Param))
+    acc = defaultdict(lambda: {"scale": None, "params": 0, "trainable": 0, "decayed": 0, "members": []})
+    for path, shape in shapes.items():
+        layers = groups.layer_paths(model, path)
+        per_layer = int(np.prod(shape[1:] if groups.is_stacked(model, path) else shape))
+        for k, layer_path in enumerate(layers):
+            index = k if groups.is_stacked(model, path) else ()
+            gid = int(np.asarray(ids[path])[index])
+            row = acc[gid]
+            row["scale"] = float(np.asarray(scales[path])[index])
+            row["params"] += per_layer
+            row["trainable"] += per_layer * bool(np.asarray(trainable[path])[index])
+            row["decayed"] += per_layer * bool(decays[path])
+            if _member(layer_path) not in row["members"]:
+                row["members"].append(_member(layer_path))
+    return tuple(GroupRow(g, r["scale"], r["params"], r["trainable"], r["decayed"], tuple(sorted(r["members"])))
+                 for g, r in sorted(acc.items()))
+
+
+def build(config: ml_collections.ConfigDict, model: nnx.Module, *, total_steps: int) -> OptimizerBundle:
+    """The optimizer for ``model`` (concrete or abstract) from an optimizer config (``default_config()``)."""
+    validate_config(config, total_steps)
+    schedule = make_schedule(config, total_steps)
+    convention = config.layer_decay_convention
+    group_ids = groups.layer_group_ids(model, convention)
+    lr_scales = layer_decay_scales(model, config.layer_decay, convention, config.layer_decay_min_scale)
+    wd_mask = weight_decay_mask(model)
+    train_mask = trainable_mask(model, freeze_patterns(config))
+
+    ids, scales, decays, trainable = (_table(t) for t in (group_ids, lr_scales, wd_mask, train_mask))
+    stacked = {path: groups.is_stacked(model, path) for path in ids}
+
+    labels_by_path: dict[tuple, str] = {}
+    group_scale: dict[str, float] = {}
+    multipliers: dict[tuple, Any] = {}
+    for path in ids:
+        keep = np.asarray(trainable[path])
+        if not keep.any():
+            labels_by_path[path] = FROZEN
+        elif stacked[path]:
+            labels_by_path[path] = STACKED
+            multipliers[path] = np.asarray(scales[path], np.float32) * keep.astype(np.float32)
+        else:
+            label = f"layer_{ids[path]}"
+            labels_by_path[path] = label
+            group_scale[label] = scales[path]
+
+    def base() -> optax.GradientTransformation:
+        return _base_optimizer(config, schedule, decays, stacked)
+
+    partition: dict[str, optax.GradientTransformation] = {FROZEN: optax.set_to_zero()}
+    for label, scale in group_scale.items():
+        partition[label] = optax.chain(base(), optax.scale(scale))
+    if multipliers:
+        partition[STACKED] = optax.chain(base(), transforms.scale_by_multiplier(multipliers))
+
+    def param_labels(params):
+        return groups.map_params(lambda path, _: transforms.lookup(labels_by_path, path, "optax.partition"),
+                                 params)
+
+    parts = []
+    if any(not np.asarray(v).all() for v in trainable.values()):
+        parts.append(transforms.zero_frozen(trainable))
+    if config.grad_clip_norm > 0:
+        parts.append(optax.clip_by_global_norm(float(config.grad_clip_norm)))
+    parts.append(optax.partition(partition, param_labels))
+    tx = optax.chain(*parts)
+
+    labels = groups.map_params(lambda path, _: labels_by_path[path], group_ids)
+    rows = _rows(model, ids, scales, decays, trainable)
+    frozen_config = ml_collections.FrozenConfigDict(config)
+    return OptimizerBundle(tx=tx, schedule=schedule, lr_scales=lr_scales, wd_mask=wd_mask,
+                           trainable_mask=train_mask, group_ids=group_ids, labels=labels, rows=rows,
+                           config=frozen_config)

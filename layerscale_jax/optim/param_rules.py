@@ -1,0 +1,103 @@
+"""Per-parameter rules: layer-wise LR multipliers, the weight-decay mask and the trainable (freeze) mask.
+
+Each function returns a tree shaped like ``nnx.state(model, nnx.Param)`` (so ``jax.tree.map(f, params, tree)``
+works); parameters stacked on a layer axis (``scan_layers=True``) get an ``np.ndarray`` of shape ``(depth,)``,
+one value per layer. ``model`` may be abstract (``nnx.eval_shape``): only paths and shapes are read.
+
+Layer-wise learning-rate decay (BEiT, Bao et al. 2021; MAE, He et al. 2021): a parameter in layer group ``i`` of
+``L_max + 1`` groups trains at ``lr · max(decay ** (L_max − i), min_scale)``; the groups are declared per model
+family in ``layerscale_jax.models.groups``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import numpy as np
+from flax import nnx
+
+from layerscale_jax.models import groups
+
+# Weight decay by the parameter's leaf name (never by ndim: stacking adds a layer axis to every parameter).
+DECAYED_NAMES = ("kernel",)  # Dense and Conv kernels (incl. CaiT's talking-heads proj_l / proj_w)
+NOT_DECAYED_NAMES = ("bias", "scale", "gamma", "alpha", "cls_token", "pos_embed")  # biases, norms, λ, gates, tokens
+
+
+def _check_decay(decay: float, min_scale: float) -> None:
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay <= 1.0:
+        raise ValueError(f"layer_decay={decay!r} must lie in (0, 1]")
+    if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) or not 0.0 <= min_scale <= 1.0:
+        raise ValueError(f"layer_decay_min_scale={min_scale!r} must lie in [0, 1]")
+
+
+def layer_decay_scales(model: nnx.Module, decay: float, convention: str = "mae",
+                       min_scale: float = 0.0) -> nnx.State:
+    """Each parameter's LR multiplier ``max(decay ** (L_max − group), min_scale)`` (``float``; ``np.ndarray`` of
+    shape ``(depth,)`` for stacked parameters). ``decay=1`` gives 1.0 everywhere."""
+    _check_decay(decay, min_scale)
+    ids = groups.layer_group_ids(model, convention)
+    last = groups.num_layer_groups(model, convention) - 1
+
+    def scale(group):
+        value = np.maximum(float(decay) ** (last - np.asarray(group, np.float64)), float(min_scale))
+        return value if isinstance(group, np.ndarray) else float(value)
+
+    return _map_ids(scale, ids)
+
+
+def _map_ids(fn, ids):
+    return groups.map_params(lambda _, leaf: fn(leaf), ids)
+
+
+def weight_decay_mask(model: nnx.Module) -> nnx.State:
+    """``True`` where weight decay applies (kernels), ``False`` for biases, norm scales, LayerScale λ, scalar gates,
+    position embeddings and the class token — decided by name, so it is right in both layouts. A parameter with a
+    name in neither list is an error (add it to ``DECAYED_NAMES`` / ``NOT_DECAYED_NAMES``)."""
+    unknown = []
+
+    def decays(path, _):
+        name = path[-1]
+        if name in DECAYED_NAMES:
+            return True
+        if name not in NOT_DECAYED_NAMES:
+            unknown.append(groups.path_name(path))
+        return False
+
+    mask = groups.map_params(decays, nnx.state(model, nnx.Param))
+    if unknown:
+        raise ValueError(f"no weight-decay rule for parameter(s) {unknown}; add their names to DECAYED_NAMES or "
+                         f"NOT_DECAYED_NAMES in layerscale_jax/optim/param_rules.py")
+    return mask
+
+
+def trainable_mask(model: nnx.Module, freeze: Sequence[str] = ()) -> nnx.State:
+    """``False`` for parameters matched by a ``freeze`` regex, ``True`` otherwise (``np.ndarray`` of bools per layer
+    for stacked parameters). Each regex is ``re.fullmatch``ed against the unrolled '/'-joined path of every layer,
+    e.g. ``'blocks/3/attn/qkv/kernel'``, so the same patterns work in both layouts. A regex that matches nothing is
+    an error."""
+    compiled = []
+    for pattern in freeze:
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as e:
+            raise ValueError(f"optim.freeze regex {pattern!r} does not compile: {e}") from None
+    used = [False] * len(compiled)
+    examples: list[str] = []
+
+    def trainable(path, _):
+        flags = []
+        for layer_path in groups.layer_paths(model, path):
+            name = groups.path_name(layer_path)
+            if len(examples) < 6:
+                examples.append(name)
+            hits = [bool(c.fullmatch(name)) for c in compiled]
+            used[:] = [u or h for u, h in zip(used, hits)]
+            flags.append(not any(hits))
+        return np.asarray(flags) if groups.is_stacked(model, path) else flags[0]
+
+    mask = groups.map_params(trainable, nnx.state(model, nnx.Param))
+    unused = [p for p, u in zip(freeze, used) if not u]
+    if unused:
+        raise ValueError(f"optim.freeze regex(es) {unused} match no parameter (each is re.fullmatch'ed against "
+                         f"paths such as {examples})")
+    return mask

@@ -1,0 +1,123 @@
+"""SAM / ASAM, gradient accumulation and the parameter EMA, on small closed-form problems."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from layerscale_jax import optim
+
+A = {"w": jnp.array([1.0, 2.0, 3.0]), "b": jnp.array([[0.5, -1.0]])}
+
+
+def quadratic(params, offset=0.0):
+    """L = ½ Σ a·w² + offset, ∇L = a·w; aux echoes the params' sum so we can see where it was evaluated."""
+    loss = sum(0.5 * jnp.sum(A[k] * params[k] ** 2) for k in params) + offset
+    aux = {"sum": sum(jnp.sum(p) for p in params.values())}
+    return (loss, aux), {k: A[k] * params[k] for k in params}
+
+
+PARAMS = {"w": jnp.array([0.3, -0.2, 0.1]), "b": jnp.array([[1.0, 2.0]])}
+
+
+def global_norm(tree):
+    return np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def test_sam_gradient_is_taken_at_the_perturbed_point_and_loss_at_the_original():
+    rho = 0.05
+    (loss, aux), grads = optim.sam_gradients(quadratic, PARAMS, 1.0, rho=rho)
+    (loss0, aux0), g = quadratic(PARAMS, 1.0)
+    norm = global_norm(g)
+    for k in PARAMS:
+        expected = A[k] * (PARAMS[k] + rho * g[k] / norm)
+        np.testing.assert_allclose(grads[k], expected, rtol=1e-6)
+    assert loss == loss0 and aux["sum"] == aux0["sum"]
+
+
+def test_asam_scales_the_perturbation_by_weight_magnitude():
+    rho = 0.5
+    (_, _), grads = optim.sam_gradients(quadratic, PARAMS, rho=rho, adaptive=True)
+    (_, _), g = quadratic(PARAMS)
+    norm = global_norm({k: np.abs(PARAMS[k]) * g[k] for k in g})
+    for k in PARAMS:
+        eps = rho * np.square(PARAMS[k]) * g[k] / norm
+        np.testing.assert_allclose(grads[k], A[k] * (PARAMS[k] + eps), rtol=1e-6)
+
+
+def test_sam_with_zero_rho_is_the_plain_gradient_and_jits():
+    sam = jax.jit(lambda p: optim.sam_gradients(quadratic, p, rho=0.0))
+    (_, _), grads = sam(PARAMS)
+    jax.tree.map(np.testing.assert_allclose, grads, quadratic(PARAMS)[1])
+
+
+def test_sam_leaves_frozen_params_unperturbed():
+    rho = 0.1
+    (_, _), grads = optim.sam_gradients(quadratic, PARAMS, rho=rho, trainable={"w": True, "b": False})
+    g = quadratic(PARAMS)[1]
+    np.testing.assert_allclose(grads["b"], g["b"])
+    np.testing.assert_allclose(grads["w"], A["w"] * (PARAMS["w"] + rho * g["w"] / global_norm(g["w"])), rtol=1e-6)
+
+
+def test_negative_rho_is_rejected():
+    with pytest.raises(ValueError, match="sam_rho=-0.1"):
+        optim.sam_gradients(quadratic, PARAMS, rho=-0.1)
+
+
+# ---- accumulation ------------------------------------------------------------------------------------------
+
+def regression(params, batch):
+    """Mean squared error of a linear model; aux carries the mean prediction and an integer count."""
+    def loss_fn(p):
+        pred = batch["x"] @ p["w"] + p["b"]
+        return jnp.mean((pred - batch["y"]) ** 2), {"pred": jnp.mean(pred), "n": jnp.sum(batch["y"] > 0)}
+    return jax.value_and_grad(loss_fn, has_aux=True)(params)
+
+
+def data(n=12):
+    rng = np.random.default_rng(0)
+    return ({"w": jnp.asarray(rng.standard_normal((3,)), jnp.float32), "b": jnp.float32(0.5)},
+            {"x": jnp.asarray(rng.standard_normal((n, 3)), jnp.float32),
+             "y": jnp.asarray(rng.standard_normal((n,)), jnp.float32)})
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_accumulated_gradient_equals_full_batch_gradient(k):
+    params, batch = data()
+    (loss, aux), grads = jax.jit(lambda p, b: optim.accumulate_gradients(regression, p, b, k))(params, batch)
+    (loss_full, aux_full), grads_full = regression(params, batch)
+    np.testing.assert_allclose(loss, loss_full, rtol=1e-5)
+    np.testing.assert_allclose(aux["pred"], aux_full["pred"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(aux["n"] * k, aux_full["n"])  # the mean over micro-batches of the per-batch count
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads, grads_full)
+
+
+def test_each_micro_batch_gets_its_own_key():
+    params, batch = data(4)
+
+    def noisy(p, b, key):
+        return (jnp.float32(0), {"u": jax.random.uniform(key)}), p
+
+    key = jax.random.key(3)
+    (_, aux), _ = optim.accumulate_gradients(noisy, params, batch, 2, key=key)
+    expected = np.mean([jax.random.uniform(jax.random.fold_in(key, i)) for i in range(2)])
+    np.testing.assert_allclose(aux["u"], expected, rtol=1e-6)
+
+
+def test_micro_batches_that_do_not_divide_the_batch_are_rejected():
+    params, batch = data(10)
+    with pytest.raises(ValueError, match="accum_steps=4 does not divide the batch size 10"):
+        optim.accumulate_gradients(regression, params, batch, 4)
+    with pytest.raises(ValueError, match="accum_steps=0"):
+        optim.accumulate_gradients(regression, params, batch, 0)
+
+
+# ---- EMA ---------------------------------------------------------------------------------------------------
+
+def test_ema_update_moves_towards_params_and_keeps_dtype():
+    ema = {"a": jnp.zeros(2, jnp.bfloat16), "b": jnp.ones(3)}
+    new = optim.ema_update(ema, {"a": jnp.ones(2, jnp.bfloat16), "b": jnp.zeros(3)}, 0.75)
+    np.testing.assert_allclose(np.asarray(new["a"], np.float32), 0.25)
+    np.testing.assert_allclose(new["b"], 0.75)
+    assert new["a"].dtype == jnp.bfloat16
+    with pytest.raises(ValueError, match="ema_decay=1.5"):
+        optim.ema_update(ema, ema, 1.5)
