@@ -1,0 +1,79 @@
+"""Reading and writing timm-style weight files: ``.safetensors`` and ``.npz`` (no torch), ``.pth``/``.pt``/``.bin``
+(torch, imported only here, and only with ``weights_only=True`` so that no arbitrary object is unpickled)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from layerscale_jax.convert.naming import to_numpy, unwrap_state_dict
+
+TORCH_SUFFIXES = (".pth", ".pt", ".bin")
+TIMM_SUFFIXES = (".safetensors", ".npz") + TORCH_SUFFIXES
+
+
+def is_timm_file(path: str | Path) -> bool:
+    return Path(path).suffix in TIMM_SUFFIXES
+
+
+def read_state_dict(path: str | Path) -> dict[str, np.ndarray]:
+    """A timm or official checkpoint file as a flat ``name → numpy array`` mapping (wrappers such as ``model``
+    removed; the names are left as in the file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
+    suffix = path.suffix
+    if suffix == ".safetensors":
+        from safetensors.numpy import load_file
+        tensors = load_file(str(path))
+    elif suffix == ".npz":
+        with np.load(path, allow_pickle=False) as npz:
+            tensors = {k: npz[k] for k in npz.files}
+    elif suffix in TORCH_SUFFIXES:
+        tensors = _torch_load(path)
+    else:
+        raise ValueError(f"{str(path)!r}: unknown weights format {suffix!r}; expected one of {TIMM_SUFFIXES} "
+                         "or an orbax directory written by save_pretrained")
+    return flatten_tensors(tensors)
+
+
+def _torch_load(path: Path) -> Mapping:
+    try:
+        import torch
+    except ImportError as err:
+        raise ImportError(f"reading {str(path)!r} needs torch (pip install 'layerscale-jax[timm]'); "
+                          "safetensors and npz files need no torch") from err
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError for anything beyond tensors and containers
+        raise ValueError(
+            f"{str(path)!r} could not be read with torch.load(weights_only=True) (it holds more than tensors, "
+            f"e.g. pickled training arguments): {err}. Re-save only its state dict, or convert it to safetensors "
+            "in a trusted environment; arbitrary pickles are never loaded here.") from err
+
+
+def flatten_tensors(tensors: Mapping) -> dict[str, np.ndarray]:
+    """Unwrap ``model``/``state_dict`` and turn every tensor into numpy; non-tensor entries are dropped."""
+    tensors = unwrap_state_dict(tensors)
+    out = {}
+    for name, value in tensors.items():
+        if isinstance(value, (int, float, str, bytes, type(None))) or isinstance(value, Mapping):
+            continue                                      # e.g. an 'epoch' next to the tensors
+        out[str(name)] = to_numpy(value)
+    return out
+
+
+def write_state_dict(tensors: Mapping[str, np.ndarray], path: str | Path) -> Path:
+    """Write ``name → array`` as ``.safetensors`` or ``.npz`` (by suffix)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    if path.suffix == ".safetensors":
+        from safetensors.numpy import save_file
+        save_file(arrays, str(path))
+    elif path.suffix == ".npz":
+        np.savez(path, **arrays)
+    else:
+        raise ValueError(f"{str(path)!r}: export writes .safetensors or .npz, not {path.suffix!r}")
+    return path
