@@ -353,6 +353,14 @@ def _grain_iterator(batch_fn, start, stop, num_workers, prefetch):
     return iter(it_ds)
 
 
+def _owned(batch, num_workers):
+    """With worker processes, grain hands over arrays in shared memory; copy them into ordinary arrays so the
+    shared memory is released now rather than by finalizers at interpreter exit (which fail noisily)."""
+    if num_workers == 0:
+        return batch
+    return {k: np.array(v, copy=True) for k, v in batch.items()}
+
+
 # --------------------------------------------------------------------------------------------- iterators
 
 
@@ -390,7 +398,7 @@ class TrainIterator:
         return self
 
     def _pull(self):
-        batch = next(self._it)
+        batch = _owned(next(self._it), self._settings.num_workers)
         j, self._next_pull = self._next_pull, self._next_pull + 1
         valid = batch.pop("_valid")
         n_valid = int(valid.sum())
@@ -473,7 +481,7 @@ class EvalIterator:
     """One pass over the eval split: per-process batches {"image", "label", "mask"}; len() = number of batches."""
 
     def __init__(self, batch_fn, num_batches, settings):
-        self._num_batches = num_batches
+        self._num_batches, self._num_workers = num_batches, settings.num_workers
         self._it = _grain_iterator(batch_fn, 0, num_batches, settings.num_workers, settings.prefetch)
         self.bad_records = 0
 
@@ -487,7 +495,7 @@ class EvalIterator:
         if self._it is None:
             raise StopIteration
         try:
-            batch = next(self._it)
+            batch = _owned(next(self._it), self._num_workers)
         except StopIteration:
             self.close()
             raise
