@@ -8,7 +8,9 @@ Cases:
   jpeg224       synthetic JPEGs of 375x500 (ImageNet-like size, quality 90) decoded per image, then the full DeiT III
                 train augmentation at 224 px: random-resized crop, flip, 3-Augment, colour jitter 0.3; batch 64.
 Each case runs with every `--workers` count (grain worker processes; 0 = in the calling process with `prefetch`
-background threads). The throughput of the train step itself is measured by the train-loop benchmark; compare the two.
+background threads). Wall-clock images/s depend on what else runs on the machine; with 0 workers, images per
+CPU-second of the process is a load-independent estimate of one free core. The throughput of the train step itself
+is measured by the train-loop benchmark; compare the two.
 """
 
 import argparse
@@ -57,11 +59,11 @@ def main(argv=None):
                 print(
                     f"{name:10s} workers={workers} prefetch={r['prefetch']} batch={batch:4d} "
                     f"shape={tuple(r['image_shape'])}: {r['images_per_s']:10.1f} images/s "
-                    f"(startup {r['startup_seconds']:.1f} s)",
+                    f"({r['images_per_cpu_s']:10.1f} per CPU-s of the main process; startup {r['startup_seconds']:.1f} s)",
                     flush=True,
                 )
     if args.json:
-        print(json.dumps({"cpu_count": os.cpu_count(), "results": results}, indent=2))
+        print(json.dumps({"cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "results": results}, indent=2))
 
 
 if __name__ == "__main__":
