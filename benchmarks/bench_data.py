@@ -59,7 +59,8 @@ def main(argv=None):
                 print(
                     f"{name:10s} workers={workers} prefetch={r['prefetch']} batch={batch:4d} "
                     f"shape={tuple(r['image_shape'])}: {r['images_per_s']:10.1f} images/s "
-                    f"({r['images_per_cpu_s']:10.1f} per CPU-s of the main process; startup {r['startup_seconds']:.1f} s)",
+                    f"({r['images_per_cpu_s']:10.1f} per CPU-s of the main process; "
+                    f"startup {r['startup_seconds']:.1f} s)",
                     flush=True,
                 )
     if args.json:

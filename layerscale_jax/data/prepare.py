@@ -28,11 +28,14 @@ def prepare(name, data_dir, manual_dir=None):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", required=True, help="'digits' or a TFDS dataset name")
-    parser.add_argument("--data_dir", default=None, help="TFDS data dir (default: $TFDS_DATA_DIR or ~/tensorflow_datasets)")
+    parser.add_argument(
+        "--data_dir", default=None, help="TFDS data dir (default: $TFDS_DATA_DIR or ~/tensorflow_datasets)"
+    )
     parser.add_argument("--manual_dir", default=None, help="where manually downloaded files are (imagenet2012)")
     args = parser.parse_args(argv)
     builder = prepare(args.name, args.data_dir, args.manual_dir)
-    print(f"prepared {args.name} in {builder.data_dir}: {dict((k, v.num_examples) for k, v in builder.info.splits.items())}")
+    sizes = {k: v.num_examples for k, v in builder.info.splits.items()}
+    print(f"prepared {args.name} in {builder.data_dir}: {sizes}")
     return 0
 
 
