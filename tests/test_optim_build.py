@@ -13,8 +13,8 @@ from flax import nnx
 from layerscale_jax import create_model, optim
 from layerscale_jax.models.layout import stack_blocks
 
-TINY = dict(img_size=8, patch_size=4, embed_dim=8, depth=3, num_heads=2, num_classes=3)
-TINY_CAIT = dict(TINY, depth_token_only=2)
+TINY = dict(img_size=8, patch_size=4, embed_dim=8, depth=2, num_heads=2, num_classes=3)
+TINY_CAIT = dict(TINY, depth_token_only=1)
 
 
 def config(**overrides):
@@ -37,13 +37,13 @@ def random_like(tree, seed):
 
 
 def run_steps(bundle, params, grads_per_step):
-    """Apply the optimizer for a few steps; return the update of every step."""
-    state = bundle.tx.init(params)
-    update = jax.jit(bundle.tx.update)
+    """Apply the optimizer for a few steps; return the update of every step (each function compiled once)."""
+    update, apply = jax.jit(bundle.tx.update), jax.jit(optax.apply_updates)
+    state = jax.jit(bundle.tx.init)(params)
     updates = []
     for grads in grads_per_step:
         u, state = update(grads, state, params)
-        params = optax.apply_updates(params, u)
+        params = apply(params, u)
         updates.append(u)
     return updates
 
@@ -113,9 +113,11 @@ def test_unrolled_and_scanned_layouts_give_identical_updates(name, optimizer):
     params_u = random_like(nnx.state(unrolled, nnx.Param), 10)
     grads_u = [random_like(params_u, seed) for seed in range(3)]
 
+    stack = jax.jit(stack_blocks)
+
     def to_scanned(tree):  # the same numbers in the scanned layout's nnx.State
         state = nnx.state(scanned, nnx.Param)
-        nnx.replace_by_pure_dict(state, jax.tree.map(np.asarray, stack_blocks(nnx.to_pure_dict(tree))))
+        nnx.replace_by_pure_dict(state, jax.tree.map(np.asarray, stack(nnx.to_pure_dict(tree))))
         return state
 
     params_s, grads_s = to_scanned(params_u), [to_scanned(g) for g in grads_u]
@@ -123,7 +125,7 @@ def test_unrolled_and_scanned_layouts_give_identical_updates(name, optimizer):
     updates_u = run_steps(optim.build(cfg, unrolled, total_steps=10), params_u, grads_u)
     updates_s = run_steps(optim.build(cfg, scanned, total_steps=10), params_s, grads_s)
     for step, (u, s) in enumerate(zip(updates_u, updates_s)):
-        expected = stack_blocks(nnx.to_pure_dict(u))
+        expected = stack(nnx.to_pure_dict(u))
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8,
                                                             err_msg=f"step {step}"), expected, nnx.to_pure_dict(s))
     last = nnx.to_pure_dict(updates_s[-1])
@@ -134,8 +136,8 @@ def test_unrolled_and_scanned_layouts_give_identical_updates(name, optimizer):
 def test_scanned_layout_labels_stacked_params_and_unrolled_one_label_per_group():
     unrolled = optim.build(config(layer_decay=0.7), tiny(), total_steps=5)
     labels = nnx.to_pure_dict(unrolled.labels)
-    assert labels["blocks"][2]["attn"]["qkv"]["kernel"] == "layer_3"
-    assert labels["cls_token"] == "layer_0" and labels["head"]["kernel"] == "layer_4"
+    assert labels["blocks"][1]["attn"]["qkv"]["kernel"] == "layer_2"
+    assert labels["cls_token"] == "layer_0" and labels["head"]["kernel"] == "layer_3"
     scanned = optim.build(config(layer_decay=0.7), tiny(scan_layers=True), total_steps=5)
     assert nnx.to_pure_dict(scanned.labels)["blocks"]["attn"]["qkv"]["kernel"] == "stacked"
 
@@ -149,7 +151,7 @@ def test_frozen_params_get_zero_updates_and_no_optimizer_state():
     (update,) = run_steps(bundle, params, [random_like(params, 0)])
     for name, u in flat(update).items():
         assert np.any(u) if name.startswith("head/") else not np.any(u), name
-    state = bundle.tx.init(params)
+    state = jax.eval_shape(bundle.tx.init, params)
     head = model.head.kernel.size + model.head.bias.size
     state_floats = sum(x.size for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating))
     assert state_floats == 2 * head  # Adam's mu and nu for the head only
@@ -179,10 +181,10 @@ def test_freeze_regex_matching_nothing_is_named():
 
 def test_freeze_names_use_unrolled_paths_in_both_layouts():
     for scan in (False, True):
-        mask = nnx.to_pure_dict(optim.trainable_mask(tiny(scan_layers=scan), ["blocks/[01]/.*", "cls_token"]))
+        mask = nnx.to_pure_dict(optim.trainable_mask(tiny(scan_layers=scan), ["blocks/0/.*", "cls_token"]))
         blocks = mask["blocks"]
-        qkv = blocks["attn"]["qkv"]["kernel"] if scan else [blocks[i]["attn"]["qkv"]["kernel"] for i in range(3)]
-        assert list(qkv) == [False, False, True]
+        qkv = blocks["attn"]["qkv"]["kernel"] if scan else [blocks[i]["attn"]["qkv"]["kernel"] for i in range(2)]
+        assert list(qkv) == [False, True]
         assert mask["cls_token"] is False and mask["pos_embed"] is True
 
 

@@ -25,8 +25,8 @@ def global_norm(tree):
 
 def test_sam_gradient_is_taken_at_the_perturbed_point_and_loss_at_the_original():
     rho = 0.05
-    (loss, aux), grads = optim.sam_gradients(quadratic, PARAMS, 1.0, rho=rho)
-    (loss0, aux0), g = quadratic(PARAMS, 1.0)
+    (loss, aux), grads = jax.jit(lambda p: optim.sam_gradients(quadratic, p, 1.0, rho=rho))(PARAMS)
+    (loss0, aux0), g = jax.jit(quadratic)(PARAMS, 1.0)
     norm = global_norm(g)
     for k in PARAMS:
         expected = A[k] * (PARAMS[k] + rho * g[k] / norm)
@@ -36,8 +36,8 @@ def test_sam_gradient_is_taken_at_the_perturbed_point_and_loss_at_the_original()
 
 def test_asam_scales_the_perturbation_by_weight_magnitude():
     rho = 0.5
-    (_, _), grads = optim.sam_gradients(quadratic, PARAMS, rho=rho, adaptive=True)
-    (_, _), g = quadratic(PARAMS)
+    (_, _), grads = jax.jit(lambda p: optim.sam_gradients(quadratic, p, rho=rho, adaptive=True))(PARAMS)
+    (_, _), g = jax.jit(quadratic)(PARAMS)
     norm = global_norm({k: np.abs(PARAMS[k]) * g[k] for k in g})
     for k in PARAMS:
         eps = rho * np.square(PARAMS[k]) * g[k] / norm
@@ -52,8 +52,9 @@ def test_sam_with_zero_rho_is_the_plain_gradient_and_jits():
 
 def test_sam_leaves_frozen_params_unperturbed():
     rho = 0.1
-    (_, _), grads = optim.sam_gradients(quadratic, PARAMS, rho=rho, trainable={"w": True, "b": False})
-    g = quadratic(PARAMS)[1]
+    sam = jax.jit(lambda p: optim.sam_gradients(quadratic, p, rho=rho, trainable={"w": True, "b": False}))
+    (_, _), grads = sam(PARAMS)
+    g = jax.jit(quadratic)(PARAMS)[1]
     np.testing.assert_allclose(grads["b"], g["b"])
     np.testing.assert_allclose(grads["w"], A["w"] * (PARAMS["w"] + rho * g["w"] / global_norm(g["w"])), rtol=1e-6)
 
@@ -84,7 +85,7 @@ def data(n=12):
 def test_accumulated_gradient_equals_full_batch_gradient(k):
     params, batch = data()
     (loss, aux), grads = jax.jit(lambda p, b: optim.accumulate_gradients(regression, p, b, k))(params, batch)
-    (loss_full, aux_full), grads_full = regression(params, batch)
+    (loss_full, aux_full), grads_full = jax.jit(regression)(params, batch)
     np.testing.assert_allclose(loss, loss_full, rtol=1e-5)
     np.testing.assert_allclose(aux["pred"], aux_full["pred"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(aux["n"] * k, aux_full["n"])  # the mean over micro-batches of the per-batch count
@@ -98,8 +99,9 @@ def test_each_micro_batch_gets_its_own_key():
         return (jnp.float32(0), {"u": jax.random.uniform(key)}), p
 
     key = jax.random.key(3)
-    (_, aux), _ = optim.accumulate_gradients(noisy, params, batch, 2, key=key)
-    expected = np.mean([jax.random.uniform(jax.random.fold_in(key, i)) for i in range(2)])
+    (_, aux), _ = jax.jit(lambda p, b, k: optim.accumulate_gradients(noisy, p, b, 2, key=k))(params, batch, key)
+    draw = jax.jit(jax.vmap(lambda i, k: jax.random.uniform(jax.random.fold_in(k, i)), in_axes=(0, None)))
+    expected = np.mean(draw(jnp.arange(2), key))
     np.testing.assert_allclose(aux["u"], expected, rtol=1e-6)
 
 

@@ -121,6 +121,14 @@ def test_decay_outside_unit_interval_is_rejected(decay):
         optim.layer_decay_scales(abstract_model("deit3_small_patch16_224", False), decay, "mae")
 
 
+def test_multiplier_that_underflows_float32_is_rejected_unless_floored():
+    model = nnx.eval_shape(lambda: create_model("deit3_small_patch16_224", depth=200, embed_dim=8, num_heads=2,
+                                                scan_layers=True))
+    with pytest.raises(ValueError, match="layer_decay=0.5 over 202 layer groups.*layer_decay_min_scale"):
+        optim.layer_decay_scales(model, 0.5, "mae")
+    assert nnx.to_pure_dict(optim.layer_decay_scales(model, 0.5, "mae", min_scale=1e-6))["cls_token"] == 1e-6
+
+
 def test_unknown_convention_is_rejected():
     with pytest.raises(ValueError, match="layer_decay_convention='beit'"):
         groups.layer_group_ids(abstract_model("deit3_small_patch16_224", False), "beit")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any
 
 import ml_collections
 import numpy as np
@@ -73,9 +73,11 @@ class OptimizerBundle:
         total = sum(r.params for r in self.rows)
         trainable = sum(r.trainable for r in self.rows)
         decayed = sum(r.decayed for r in self.rows)
+        layer_decay = "no layer decay" if c.layer_decay == 1 else (
+            f"layer decay {c.layer_decay:g} ({c.layer_decay_convention}"
+            f"{f', min scale {c.layer_decay_min_scale:g}' if c.layer_decay_min_scale else ''})")
         lines = [f"optimizer {c.name}, lr {c.learning_rate:g} ({c.schedule}, warmup {c.warmup_steps}), "
-                 f"weight decay {c.weight_decay:g}, layer decay {c.layer_decay:g} ({c.layer_decay_convention}"
-                 f"{f', min scale {c.layer_decay_min_scale:g}' if c.layer_decay_min_scale else ''})",
+                 f"weight decay {c.weight_decay:g}, {layer_decay}",
                  f"{len(self.rows)} layer groups, {total:,} params, {trainable:,} trainable, "
                  f"{decayed:,} with weight decay",
                  f"{'group':>5}  {'lr scale':>10}  {'params':>12}  {'trainable':>12}  members"]

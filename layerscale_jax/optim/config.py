@@ -4,12 +4,14 @@ Fields (``default_config()``; override any of them from the command line, e.g. `
 
     name                    'adamw' | 'lamb' | 'sgd'. AdamW and LAMB use decoupled weight decay scaled by the
                             parameter's learning rate (torch AdamW: ``w ← w − lr·s·(m̂/(√v̂+eps) + wd·w)``);
-                            LAMB applies the per-tensor trust ratio (per layer for stacked params) to the decayed
-                            tensors, as timm's Lamb; SGD is torch's SGD (L2 ``wd·w`` added to the gradient, then
-                            heavy-ball momentum).
+                            LAMB applies the per-tensor trust ratio ‖w‖/‖u‖ (per layer for stacked params) to
+                            the tensors with weight decay, as timm's Lamb does when weight_decay > 0 (with
+                            weight_decay = 0 timm adapts nothing; we still adapt the kernels); SGD is torch's SGD
+                            (L2 ``wd·w`` added to the gradient, then heavy-ball momentum, no dampening/Nesterov).
     learning_rate           peak learning rate (after warmup), > 0.
     schedule                'cosine' | 'linear' | 'constant': the shape after warmup, per optimizer step.
-    warmup_steps            linear warmup from 0 to ``learning_rate`` over this many steps (0 = none).
+    warmup_steps            linear warmup from 0 to ``learning_rate`` over this many steps (0 = none; with
+                            warmup the first step has lr 0, as optax / big_vision / MAE).
     end_learning_rate       the rate the cosine / linear decay reaches at ``total_steps`` (absolute, ≥ 0).
     b1, b2, eps             Adam moments (AdamW, LAMB).
     momentum                SGD momentum (0 = plain SGD).

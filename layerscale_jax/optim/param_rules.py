@@ -42,6 +42,11 @@ def layer_decay_scales(model: nnx.Module, decay: float, convention: str = "mae",
         value = np.maximum(float(decay) ** (last - np.asarray(group, np.float64)), float(min_scale))
         return value if isinstance(group, np.ndarray) else float(value)
 
+    smallest = max(float(decay) ** last, float(min_scale))
+    if np.float32(smallest) < np.finfo(np.float32).tiny:  # would silently freeze the stem
+        raise ValueError(f"layer_decay={decay!r} over {last + 1} layer groups gives the stem an LR multiplier of "
+                         f"{smallest:.3g}, which float32 cannot hold; raise layer_decay or set "
+                         f"layer_decay_min_scale")
     return _map_ids(scale, ids)
 
 
