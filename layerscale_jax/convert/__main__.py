@@ -1,6 +1,6 @@
-"""Convert pretrained weights.
+r"""Convert pretrained weights.
 
-    # timm / official checkpoint → our orbax checkpoint (for config.init_from)
+    # timm / official checkpoint → our orbax checkpoint (for --config.train.init_from)
     python -m layerscale_jax.convert --model deit3_small_patch16_224 --source deit3_small.safetensors \
         --out runs/deit3_small_in1k [--num-classes 100] [--img-size 384] [--scan-layers]
 
@@ -35,7 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-classes", type=int, help="re-initialise the head for this many classes")
     parser.add_argument("--img-size", type=int, help="target image size (pos_embed is resampled bicubically)")
     parser.add_argument("--scan-layers", action="store_true", default=None,
-                        help="store the blocks stacked for a scanned model")
+                        help="build the model with scan_layers=True (blocks stacked on a leading axis)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="any other create_model override, e.g. --set global_pool=avg (repeatable)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out checkpoint")

@@ -65,7 +65,8 @@ def flatten_tensors(tensors: Mapping) -> dict[str, np.ndarray]:
 
 
 def write_state_dict(tensors: Mapping[str, np.ndarray], path: str | Path) -> Path:
-    """Write ``name → array`` as ``.safetensors`` or ``.npz`` (by suffix)."""
+    """Write ``name → array`` as ``.safetensors`` or ``.npz`` (by suffix). npz has no bfloat16: such arrays are
+    written as float32 there (exactly)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
@@ -73,7 +74,7 @@ def write_state_dict(tensors: Mapping[str, np.ndarray], path: str | Path) -> Pat
         from safetensors.numpy import save_file
         save_file(arrays, str(path))
     elif path.suffix == ".npz":
-        np.savez(path, **arrays)
+        np.savez(path, **{k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v for k, v in arrays.items()})
     else:
         raise ValueError(f"{str(path)!r}: export writes .safetensors or .npz, not {path.suffix!r}")
     return path

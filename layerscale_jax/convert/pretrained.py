@@ -29,6 +29,7 @@ from flax import nnx
 
 from layerscale_jax.convert.files import flatten_tensors, is_timm_file, read_state_dict
 from layerscale_jax.convert.naming import family, ours_to_timm, ours_to_timm_name, timm_shape, timm_to_ours
+from layerscale_jax.models.layout import STACKED_KEY
 from layerscale_jax.models.registry import create_from_config, create_model, list_models, model_config
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 MODEL_JSON = "model.json"
 PARAMS_DIR = "params"
 FORMAT = "layerscale_jax.params/v1"
-STACKED = "blocks"          # the only subtree whose layout depends on scan_layers
+STACKED = STACKED_KEY       # "blocks": the only subtree whose layout depends on scan_layers
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -367,7 +368,7 @@ def _build_and_load(make, source, rngs: nnx.Rngs | None) -> nnx.Module:
     src = _read_source(source)
     model = nnx.eval_shape(lambda: make(nnx.Rngs(0)))
     values, reinit_head = _plan(model, src)
-    if reinit_head:
+    if reinit_head or jax.tree.leaves(nnx.state(model, nnx.Not(nnx.Param))):   # state a checkpoint does not fill
         model = make(rngs if rngs is not None else nnx.Rngs(0))
     _assign(model, values)
     return model
