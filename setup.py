@@ -20,6 +20,7 @@ INSTALL_REQUIRES = [
     "tensorflow-cpu==2.21.0",
     "importlib_resources>=6.0",
     "scikit-learn>=1.4",
+    "Pillow>=10.0",
 ]
 
 setup(

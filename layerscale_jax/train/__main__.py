@@ -26,9 +26,13 @@ def main(argv):
     import jax
 
     if FLAGS.coordinator_address or FLAGS.distributed:
+        # Cross-process collectives for CPU-only jobs (tests, debugging); GPUs and TPUs use their own.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                                    num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
     logging.getLogger("absl").setLevel(logging.WARNING)
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(absl_logging.WARNING)
     from layerscale_jax.train.loop import train_and_evaluate
 
     train_and_evaluate(FLAGS.config, FLAGS.workdir)

@@ -11,6 +11,8 @@ import math
 import os
 import signal
 import time
+import dataclasses
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -98,15 +100,26 @@ def build_model_fns(config):
     return make, abstract, graphdef_train, graphdef_eval, abstract_params
 
 
-def state_shardings(abstract_state: dict, param_sharding, mesh, tx) -> dict:
+def state_shardings(abstract_state: dict, param_sharding, mesh) -> dict:
+    """Shardings for the whole train state: params (and EMA) by the rules; every optimizer-state leaf that mirrors
+    a parameter (same key-path suffix and shape, e.g. Adam's moments) like that parameter; the rest replicated."""
     rep = shard_lib.replicated(mesh)
+    by_path = {tuple(path): (sharding, leaf.shape) for (path, sharding), leaf in zip(
+        jax.tree_util.tree_leaves_with_path(param_sharding), jax.tree.leaves(abstract_state["params"]))}
+
+    def like_param(path, leaf):
+        path = tuple(path)
+        for start in range(len(path)):
+            match = by_path.get(path[start:])
+            if match is not None and match[1] == leaf.shape:
+                return match[0]
+        return rep
+
     shardings = {k: rep for k in abstract_state}
     shardings["params"] = param_sharding
     if "ema" in abstract_state:
         shardings["ema"] = param_sharding
-    shardings["opt_state"] = optax.tree_map_params(
-        tx, lambda _, s: s, abstract_state["opt_state"], param_sharding,
-        transform_non_params=lambda _: rep, is_leaf=lambda x: isinstance(x, NamedSharding))
+    shardings["opt_state"] = jax.tree_util.tree_map_with_path(like_param, abstract_state["opt_state"])
     return shardings
 
 
@@ -122,81 +135,113 @@ def evaluate(eval_step_fn, params, config, mesh) -> dict[str, float]:
             "test_examples": sums["count"]}
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
-    """Train ``config`` in ``workdir`` (resuming from its latest checkpoint) and return the final results."""
+@dataclasses.dataclass
+class Trainer:
+    """Everything the loop needs, built from a config for a mesh (usable on its own in notebooks and tests)."""
+    config: Any
+    mesh: Any
+    info: Any
+    make_model: Callable
+    abstract_model: nnx.Module
+    graphdef_train: Any
+    bundle: Any
+    param_sharding: Any
+    state_shardings: dict
+    abstract_state: dict          # ShapeDtypeStructs carrying the target shardings (for restores)
+    init_fn: Callable
+    train_step: Callable          # jitted, donates the state
+    eval_step: Callable           # jitted
+
+    def init_state(self) -> dict:
+        """The initial train state, created already sharded; ``train.init_from`` weights replace the random ones."""
+        tc = self.config.train
+        params = jax.jit(lambda: nnx.state(self.make_model(tc.seed), nnx.Param),
+                         out_shardings=self.param_sharding)()
+        if tc.init_from:
+            from layerscale_jax.convert import load_pretrained
+            model = load_pretrained(nnx.merge(self.graphdef_train, params), tc.init_from)
+            params = jax.device_put(nnx.state(model, nnx.Param), self.param_sharding)
+        return jax.jit(self.init_fn, out_shardings=self.state_shardings)(params)
+
+
+def create_trainer(config, mesh) -> Trainer:
+    """Validate ``config`` against ``mesh`` and the dataset, and build the sharded, jitted steps."""
     validate_train_config(config.train)
     tc = config.train
-    os.makedirs(workdir, exist_ok=True)
-    is_primary = jax.process_index() == 0
-
-    # Mesh and data.
-    mesh = shard_lib.make_mesh(tc.mesh)
     _check_batch("batch_size", tc.batch_size, mesh)
     _check_batch("eval_batch_size", tc.eval_batch_size, mesh)
     info = data_lib.get_dataset_info(config.data)
     _check_model_matches_data(config.model, info)
 
-    # Model (abstract), optimizer, shardings.
     make_model, abstract_model, graphdef_train, graphdef_eval, abstract_params = build_model_fns(config)
     bundle = optim.build(config.optim, abstract_model, total_steps=tc.steps)
-    tx, schedule = bundle.tx, bundle.schedule
     param_sharding = shard_lib.param_shardings(abstract_params, mesh, tc.sharding_rules,
                                                config.model.scan_layers)
     use_ema = config.optim.ema_decay > 0
 
     def init_fn(params):
-        return init_train_state(params, tx, tc.seed, use_ema)
+        return init_train_state(params, bundle.tx, tc.seed, use_ema)
 
     abstract_state = jax.eval_shape(init_fn, abstract_params)
-    shardings = state_shardings(abstract_state, param_sharding, mesh, tx)
+    shardings = state_shardings(abstract_state, param_sharding, mesh)
     abstract_sharded = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                     abstract_state, shardings)
+    batch_sharding = {"image": shard_lib.batch_sharding(mesh), "label": shard_lib.batch_sharding(mesh)}
+    train_step = jax.jit(
+        make_train_step(graphdef_train, bundle.tx, bundle.schedule, optim_config=config.optim,
+                        data_config=config.data, num_classes=info.num_classes,
+                        trainable_mask=bundle.trainable_mask),
+        in_shardings=(shardings, batch_sharding), out_shardings=(shardings, shard_lib.replicated(mesh)),
+        donate_argnums=(0,))
+    eval_batch_sharding = dict(batch_sharding, mask=shard_lib.batch_sharding(mesh))
+    eval_step = jax.jit(make_eval_step(graphdef_eval), in_shardings=(param_sharding, eval_batch_sharding),
+                        out_shardings=shard_lib.replicated(mesh))
+    return Trainer(config, mesh, info, make_model, abstract_model, graphdef_train, bundle, param_sharding, shardings,
+                   abstract_sharded, init_fn, train_step, eval_step)
+
+
+def train_and_evaluate(config, workdir: str, devices=None) -> dict:
+    """Train ``config`` in ``workdir`` (resuming from its latest checkpoint) and return the final results.
+
+    ``devices`` (default: all) are arranged into the config's mesh.
+    """
+    validate_train_config(config.train)
+    tc = config.train
+    os.makedirs(workdir, exist_ok=True)
+    is_primary = jax.process_index() == 0
+    mesh = shard_lib.make_mesh(tc.mesh, devices)
+    trainer = create_trainer(config, mesh)
+    use_ema = config.optim.ema_decay > 0
+    train_step, eval_step = trainer.train_step, trainer.eval_step
     if is_primary:
-        n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_params))
+        n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(trainer.abstract_model, nnx.Param)))
         print(f"model {config.model.name}: {n_params:,} parameters; mesh {dict(mesh.shape)}; "
               f"{jax.device_count()} devices, {jax.process_count()} processes", flush=True)
-        print("layer-wise learning-rate multipliers:\n" + bundle.table(), flush=True)
-        print("parameter sharding:\n" + shard_lib.describe(param_sharding), flush=True)
+        print("layer-wise learning-rate multipliers:\n" + trainer.bundle.table(), flush=True)
+        print("parameter sharding:\n" + shard_lib.describe(trainer.param_sharding), flush=True)
 
     # State: restored from the workdir, or created already sharded.
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints)
-    restored = checkpointer.restore(abstract_sharded)
+    restored = checkpointer.restore(trainer.abstract_state)
     if restored is not None:
         start_step, state, data_state = restored
         print(f"resumed from step {start_step} in {checkpointer.directory}", flush=True)
     else:
         start_step, data_state = 0, None
-        if tc.init_from:
-            from layerscale_jax.convert import load_pretrained
-            model = make_model(tc.seed)
-            model = load_pretrained(model, tc.init_from)
-            params = jax.device_put(nnx.state(model, nnx.Param), param_sharding)
-            state = jax.jit(init_fn, out_shardings=shardings)(params)
-        else:
-            state = jax.jit(lambda: init_fn(nnx.state(make_model(tc.seed), nnx.Param)),
-                            out_shardings=shardings)()
+        state = trainer.init_state()
 
     # Input pipeline, positioned where the checkpoint left it.
     train_iter = data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed)
     if data_state is not None:
         train_iter.set_state(data_state)
 
-    # Jitted steps with explicit shardings; the train state's buffers are donated.
-    batch_sharding = {"image": shard_lib.batch_sharding(mesh), "label": shard_lib.batch_sharding(mesh)}
-    train_step = jax.jit(
-        make_train_step(graphdef_train, tx, schedule, optim_config=config.optim, data_config=config.data,
-                        num_classes=info.num_classes),
-        in_shardings=(shardings, batch_sharding), out_shardings=(shardings, shard_lib.replicated(mesh)),
-        donate_argnums=(0,))
-    eval_batch_sharding = dict(batch_sharding, mask=shard_lib.batch_sharding(mesh))
-    eval_step = jax.jit(make_eval_step(graphdef_eval), in_shardings=(param_sharding, eval_batch_sharding),
-                        out_shardings=shard_lib.replicated(mesh))
-
     writer = MetricsWriter(workdir, tc.steps)
     config_json = to_jsonable(config.to_dict())
     last_saved = [start_step if restored is not None else None]
 
     def save(step, metrics=None, force=False):
+        if last_saved[0] == step:
+            return
         nonfinite = int(jax.device_get(state["nonfinite_steps"]))
         if nonfinite and tc.nonfinite == "raise":
             raise NonFiniteError(_nonfinite_message(step, checkpointer, last_saved[0]))
@@ -228,6 +273,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
                 scalars["learning_rate"] = float(fetched[-1]["learning_rate"])
                 scalars["img_per_s"] = (step - last_log_step) * tc.batch_size / max(now - last_log_time, 1e-9)
                 scalars["nonfinite_steps"] = float(jax.device_get(state["nonfinite_steps"]))
+                scalars["bad_records"] = float(train_iter.bad_records)
                 last_log_time, last_log_step = now, step
                 writer.write(step, scalars)
                 writer.progress(step, scalars)
@@ -251,6 +297,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
     checkpointer.close()
     writer.close()
+    train_iter.close()
     train_seconds = time.time() - train_start
     if preempted:
         return {"preempted_at_step": step}

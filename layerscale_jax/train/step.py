@@ -44,7 +44,7 @@ def init_train_state(params: nnx.State, tx: optax.GradientTransformation, seed: 
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callable, *, optim_config,
-                    data_config, num_classes: int) -> Callable:
+                    data_config, num_classes: int, trainable_mask=None) -> Callable:
     """``train_step(state, batch) -> (state, metrics)`` with ``batch = {"image", "label"}`` (global arrays)."""
 
     def loss_and_grad(params, images, targets, key):
@@ -60,7 +60,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
 
         def loss_and_grad(params, images, targets, key):  # noqa: F811 - SAM wraps the plain gradient
             return optim.sam_gradients(base, params, images, targets, key, rho=optim_config.sam_rho,
-                                       adaptive=optim_config.sam_adaptive)
+                                       adaptive=optim_config.sam_adaptive, trainable=trainable_mask)
 
     def train_step(state: dict, batch: dict):
         step_key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
@@ -73,7 +73,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
             def micro(p, micro_batch, key):
                 return loss_and_grad(p, micro_batch["image"], micro_batch["target"], key)
             (loss, aux), grads = optim.accumulate_gradients(
-                micro, params, {"image": images, "target": targets}, optim_config.accum_steps, drop_key)
+                micro, params, {"image": images, "target": targets}, optim_config.accum_steps, key=drop_key)
         else:
             (loss, aux), grads = loss_and_grad(params, images, targets, drop_key)
 
