@@ -95,7 +95,9 @@ class Identity(nnx.Module):
 def make_branch_scale(branch_scaling: str, dim: int, init_value: float) -> nnx.Module:
     if branch_scaling == "layerscale":
         return LayerScale(dim, init_value)
-    if branch_scaling in ("scalar", "rezero", "skipinit"):
+    if branch_scaling in ("rezero", "skipinit"):
+        return ScalarScale(0.0)        # zero at init by definition, whatever init_value says
+    if branch_scaling == "scalar":
         return ScalarScale(init_value)
     return Identity()
 
