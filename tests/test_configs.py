@@ -47,11 +47,17 @@ def test_every_config_file_is_covered():
     assert {os.path.basename(p) for p in CONFIG_FILES} <= set(VARIANTS)
 
 
-def test_command_line_overrides_reach_the_config():
+def _parse(argv):
+    """Parse ``argv`` as ``python -m layerscale_jax.train`` does (ml_collections reads the overrides from argv)."""
     flag_values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, lock_config=True)
+    config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, lock_config=True, sys_argv=argv)
+    flag_values(argv)
+    return flag_values
+
+
+def test_command_line_overrides_reach_the_config():
     path = os.path.join(ROOT, "configs", "digits_layerscale.py")
-    flag_values([
+    flag_values = _parse([
         "prog", f"--config={path}:depth=3", "--config.train.steps=7", "--config.optim.learning_rate=0.01",
         "--config.model.branch_scaling=rezero"])
     config = flag_values.config
@@ -60,11 +66,9 @@ def test_command_line_overrides_reach_the_config():
 
 
 def test_unknown_override_field_is_rejected():
-    flag_values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, lock_config=True)
     path = os.path.join(ROOT, "configs", "digits_layerscale.py")
     with pytest.raises(Exception, match="no_such_field"):
-        flag_values(["prog", f"--config={path}", "--config.train.no_such_field=1"])
+        _parse(["prog", f"--config={path}", "--config.train.no_such_field=1"])
 
 
 def test_config_argument_names_the_bad_key():
