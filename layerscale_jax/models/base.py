@@ -104,3 +104,16 @@ def check_images(images: jnp.ndarray, cfg: ArchConfig, model_name: str) -> None:
             f"got {tuple(images.shape)}")
     if not jnp.issubdtype(images.dtype, jnp.floating):
         raise ValueError(f"{model_name} expects float images, got dtype {images.dtype}")
+
+
+def embed_patches(model: nnx.Module, images: jnp.ndarray) -> jnp.ndarray:
+    """Checked NHWC images → patch tokens plus the position embedding, float32 ``(batch, num_patches, dim)``."""
+    cfg = model.cfg
+    check_images(images, cfg, type(model).__name__)
+    x = model.patch_embed(images.astype(cfg.dtype)).astype(jnp.float32)
+    return x + model.pos_embed[...].astype(jnp.float32)
+
+
+def class_tokens(model: nnx.Module, batch: int) -> jnp.ndarray:
+    """The learned class token for every sample, float32 ``(batch, 1, dim)``."""
+    return jnp.broadcast_to(model.cls_token[...].astype(jnp.float32), (batch, 1, model.cfg.embed_dim))

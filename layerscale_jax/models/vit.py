@@ -18,7 +18,7 @@ from layerscale_jax.layers.blocks import Block
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_normal_02
 from layerscale_jax.layers.drop_path import drop_path_rates
 from layerscale_jax.layers.scaling import resolve_init_value
-from layerscale_jax.models.base import ArchConfig, check_images
+from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches
 from layerscale_jax.models.stack import create_stack, run_stack
 
 GLOBAL_POOLS = ("token", "avg")
@@ -66,11 +66,8 @@ class VisionTransformer(nnx.Module):
     def forward_features(self, images: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
         """Tokens after the block stack, ``(batch, 1 + num_patches, dim)`` float32 (before the final norm)."""
         cfg = self.cfg
-        check_images(images, cfg, type(self).__name__)
-        x = self.patch_embed(images.astype(cfg.dtype)).astype(jnp.float32)
-        x = x + self.pos_embed[...].astype(jnp.float32)
-        cls = jnp.broadcast_to(self.cls_token[...].astype(jnp.float32), (x.shape[0], 1, cfg.embed_dim))
-        x = jnp.concatenate([cls, x], axis=1)
+        x = embed_patches(self, images)
+        x = jnp.concatenate([class_tokens(self, x.shape[0]), x], axis=1)
         return run_stack(self.blocks, x, depth=cfg.depth, scan_layers=cfg.scan_layers, remat=cfg.remat,
                          key=None if self.deterministic else key, drop_path_rates=self.drop_path_rates)
 
