@@ -5,11 +5,55 @@ Self-attention:  ``Attn(x) = W_o · concat_h softmax(q_h k_hᵀ / √d_h) v_h``,
 """
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from layerscale_jax.layers.common import dense
+
+# How ``Attention`` computes softmax(q kᵀ / √d_h) v (the same function every way; only the speed differs):
+#   einsum  heads-major (b, h, n, d) einsums: one transpose of the fused qkv, no per-head relayouts
+#           (the fastest on the XLA CPU backend: benchmarks/README.md has the numbers).
+#   xla     ``jax.nn.dot_product_attention`` with XLA's implementation (token-major (b, n, h, d)).
+#   cudnn   ``jax.nn.dot_product_attention(implementation="cudnn")``: cuDNN flash attention (GPU, bf16/fp16).
+#   auto    einsum on CPU, xla elsewhere.
+# Chosen when a step is traced: ``set_attention_implementation(name)`` or ``LAYERSCALE_ATTENTION=name``.
+ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "xla", "cudnn")
+_implementation = os.environ.get("LAYERSCALE_ATTENTION", "auto")
+
+
+def set_attention_implementation(name: str) -> None:
+    global _implementation
+    if name not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation {name!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
+    _implementation = name
+
+
+def attention_implementation() -> str:
+    """The implementation ``Attention`` uses now (``auto`` resolved for the default backend)."""
+    if _implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"LAYERSCALE_ATTENTION={_implementation!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
+    if _implementation == "auto":
+        return "einsum" if jax.default_backend() == "cpu" else "xla"
+    return _implementation
+
+
+def fused_qkv_attention(qkv: jnp.ndarray) -> jnp.ndarray:
+    """``softmax(q kᵀ / √d_h) v`` per head from the fused projection ``qkv`` ``(b, n, 3, h, d_h)`` → ``(b, n, h, d_h)``.
+
+    q, k and v are separated with ``jnp.split``, whose gradient is one concatenate (indexing would pad each).
+    Logits and softmax are float32 whatever the compute dtype.
+    """
+    impl = attention_implementation()
+    if impl == "einsum":
+        q, k, v = (t[0] for t in jnp.split(qkv.transpose(2, 0, 3, 1, 4), 3, axis=0))   # each (b, h, n, d_h)
+        logits = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+        weights = jax.nn.softmax(logits * q.shape[-1] ** -0.5, axis=-1).astype(v.dtype)
+        return jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3)
+    q, k, v = (t[:, :, 0] for t in jnp.split(qkv, 3, axis=2))
+    return jax.nn.dot_product_attention(q, k, v, implementation="cudnn" if impl == "cudnn" else None)
 
 
 def _split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
@@ -20,7 +64,8 @@ def _split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
 class Attention(nnx.Module):
     """Standard multi-head self-attention with a fused qkv projection (ViT / DeiT III).
 
-    The product goes through ``jax.nn.dot_product_attention`` (cuDNN flash attention on GPU where it applies).
+    The product goes through ``fused_qkv_attention`` (heads-major einsums on CPU, ``jax.nn.dot_product_attention``
+    elsewhere, cuDNN flash attention with ``set_attention_implementation("cudnn")``).
     """
 
     def __init__(self, dim: int, num_heads: int, *, qkv_bias: bool = True, dtype=jnp.float32,
@@ -32,9 +77,7 @@ class Attention(nnx.Module):
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         b, n, d = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, d // self.num_heads)
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        out = jax.nn.dot_product_attention(q, k, v)
-        return self.proj(out.reshape(b, n, d))
+        return self.proj(fused_qkv_attention(qkv).reshape(b, n, d))
 
 
 class TalkingHeadsAttention(nnx.Module):

@@ -1,0 +1,108 @@
+"""timm's PyTorch model of the same name, batch and dtype, trained by the same protocol (the ``--vs-timm`` side).
+
+    loss = cross_entropy(model(x), y) ; loss.backward() ; AdamW.step()      (torch.autocast for bfloat16)
+
+torch and timm are imported here only, lazily; without them ``prepare`` says so and the benchmark skips this side.
+torch gets the same number of threads as XLA's CPU thread pool.
+"""
+from __future__ import annotations
+
+from layerscale_jax.bench import timing
+from layerscale_jax.layers.scaling import cait_init_value
+
+# Our override names that timm's ViT / CaiT constructors take under the same name.
+_SHARED_KWARGS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads",
+                  "mlp_ratio", "qkv_bias", "drop_path_rate", "depth_token_only", "global_pool")
+
+
+def timm_kwargs(spec) -> tuple[dict | None, str | None]:
+    """timm constructor kwargs equivalent to ``spec`` (or ``None`` and the reason when there is no equivalent)."""
+    o = dict(spec.overrides)
+    kwargs = {k: o.pop(k) for k in _SHARED_KWARGS if k in o}
+    scaling = o.pop("branch_scaling", "layerscale")
+    init_values = o.pop("init_values", None)
+    o.pop("drop_path_rule", None)
+    o.pop("norm_eps", None)
+    o.pop("param_dtype", None)
+    if o:
+        return None, f"no timm equivalent for overrides {sorted(o)}"
+    if scaling == "none":
+        kwargs["init_values"] = None
+    elif scaling == "layerscale":
+        if init_values == "auto":
+            from layerscale_jax.models import model_config
+            init_values = cait_init_value(model_config(spec.model, **spec.overrides).depth)
+        if init_values is not None:
+            kwargs["init_values"] = float(init_values)
+    else:
+        return None, f"timm has no branch_scaling={scaling!r}"
+    return kwargs, None
+
+
+def prepare(spec, *, device: str | None = None, adamw: str = "default") -> dict:
+    """Build timm's model and optimizer, run the warm-up; returns ``{"run": run(k), ...info}`` or a skip reason."""
+    try:
+        import torch
+        import timm
+    except ImportError as e:
+        return {"run": None, "timm_skipped": f"torch/timm not importable ({e}); timm side skipped"}
+    kwargs, why = timm_kwargs(spec)
+    if kwargs is None:
+        return {"run": None, "timm_skipped": why}
+    import jax
+    if device is None:
+        device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+    threads = timing.num_threads()
+    torch.set_num_threads(threads)
+    torch.manual_seed(spec.seed)
+    rss_before = timing.current_rss_bytes()
+    model = timm.create_model(spec.model, pretrained=False, **kwargs).to(device)
+    model.train()
+    if spec.remat != "none":
+        model.set_grad_checkpointing(True)
+    opt_kwargs = {"default": {}, "fused": {"fused": True}, "foreach": {"foreach": True}}[adamw]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.05,
+                            **opt_kwargs)
+    cfg = model.pretrained_cfg if hasattr(model, "pretrained_cfg") else {}
+    img, chans = kwargs.get("img_size", 224), kwargs.get("in_chans", 3)
+    n_classes = kwargs.get("num_classes", 1000)
+    gen = torch.Generator().manual_seed(spec.seed + 1)
+    x = torch.randn(spec.batch, chans, img, img, generator=gen).to(device)
+    y = torch.randint(0, n_classes, (spec.batch,), generator=gen).to(device)
+    bf16 = spec.dtype == "bfloat16"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    last = {}
+
+    def one_step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            last["loss"] = one_step()
+        sync()
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        timing.reset_peak_rss()
+    run(2)
+    if device == "cuda":
+        peak_mem = int(torch.cuda.max_memory_allocated())
+    else:
+        peak_mem = timing.peak_rss_bytes() - rss_before
+    peak = timing.torch_matmul_peak(spec.dtype, n=2048 if device == "cpu" else 8192, device=device)
+    return {
+        "run": run, "timm_version": timm.__version__, "torch_version": torch.__version__, "timm_device": device,
+        "timm_threads": torch.get_num_threads(), "timm_kwargs": kwargs, "timm_cfg_architecture": cfg.get(
+            "architecture") if isinstance(cfg, dict) else None,
+        "timm_num_params": int(sum(p.numel() for p in model.parameters())),
+        "timm_peak_memory_bytes": peak_mem,
+        "timm_peak_memory_source": "cuda_max_memory_allocated" if device == "cuda" else "peak_rss_increase",
+        "timm_matmul_peak_flop_per_s": peak["flop_per_s"],
+        "timm_adamw": adamw,
+    }

@@ -1,0 +1,42 @@
+"""Smoke tests of the benchmark suite: the step runs at a toy size and reports its numbers; the FLOP counts agree."""
+import json
+
+import pytest
+
+from layerscale_jax.bench import cli
+from layerscale_jax.bench.step import CompiledStep, StepSpec, measure_train_step
+
+TOY = dict(img_size=16, patch_size=4, depth=2, embed_dim=64, num_heads=2, num_classes=10)
+PEAK = {"flop_per_s": 1e11}  # a stand-in matmul peak: the smoke tests do not measure one
+
+
+def test_train_step_at_a_toy_size_reports_the_json_keys(capsys):
+    cli.main(["train_step", "--batch", "4", "--repeats", "1", "--min-repeat-s", "0", "--json",
+              *[a for k, v in TOY.items() for a in ("--set", f"{k}={v}")]])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("img_per_s", "step_time_s", "flops_per_step", "mfu", "compile_s", "peak_memory_bytes"):
+        assert result[key] is not None and result[key] > 0, key
+    assert result["overrides"] == TOY
+
+
+def test_vs_timm_without_torch_says_so_and_still_reports_ours(monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name in ("torch", "timm"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    r = measure_train_step(StepSpec(batch=2, overrides=TOY), vs_timm=True, repeats=1, min_repeat_s=0, peak=PEAK)
+    assert r["img_per_s"] > 0
+    assert r["timm_img_per_s"] is None and r["ratio_vs_timm"] is None
+    assert "not importable" in r["timm_skipped"]
+
+
+@pytest.mark.parametrize("model", ["deit3_small_patch16_224", "cait_xxs24_224"])
+def test_analytic_flops_agree_with_xla_cost_analysis(model):
+    f = CompiledStep(StepSpec(model=model, batch=4, overrides=TOY)).flops()
+    # XLA also counts the elementwise work (softmax, GELU, LayerNorm, AdamW): a little above the matmul count.
+    assert 1.0 <= f["flops_xla_over_analytic"] <= 1.25, f
