@@ -40,3 +40,19 @@ def test_analytic_flops_agree_with_xla_cost_analysis(model):
     f = CompiledStep(StepSpec(model=model, batch=4, overrides=TOY)).flops()
     # XLA also counts the elementwise work (softmax, GELU, LayerNorm, AdamW): a little above the matmul count.
     assert 1.0 <= f["flops_xla_over_analytic"] <= 1.25, f
+
+
+def test_xla_options_compiles_each_option_set_and_times_them_against_the_default():
+    from layerscale_jax.bench.suite import bench_xla_options
+    r = bench_xla_options(["ynn_off"], cases=[("toy", StepSpec(batch=2, overrides=TOY))], repeats=1)
+    rows = {row["option"]: row for row in r["rows"]}
+    assert set(rows) == {"xla_default", "ynn_off"}
+    assert rows["xla_default"]["speedup_vs_default"] == 1.0
+    assert rows["ynn_off"]["step_time_s"] > 0 and rows["ynn_off"]["error"] is None
+    assert rows["ynn_off"]["library_calls"]["ynn_fusion"] == 0
+
+
+def test_xla_options_rejects_an_unknown_option_set_by_name():
+    from layerscale_jax.bench.suite import bench_xla_options
+    with pytest.raises(ValueError, match="no_such_option"):
+        bench_xla_options(["no_such_option"], cases=[("toy", StepSpec(batch=2, overrides=TOY))])

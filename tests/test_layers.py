@@ -13,6 +13,7 @@ from flax import nnx
 
 from layerscale_jax.layers import (Block, ClassAttentionBlock, DropPath, LayerScale, cait_init_value, drop_path,
                                    drop_path_rates, resolve_init_value)
+from layerscale_jax.layers.common import gelu
 
 DIM, HEADS, TOKENS, BATCH = 32, 2, 5, 2   # the width and heads of the tiny models in test_models.py
 # XLA:CPU compiles these tiny programs ~5x faster without backend optimisation and with the classic fusion
@@ -125,6 +126,39 @@ def grad_of_weighted_sum(module, upstream, *args):
 
 def tokens(seed=0, n=TOKENS):
     return jax.random.normal(jax.random.key(seed), (BATCH, n, DIM), jnp.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# exact GELU (custom derivative)
+# ---------------------------------------------------------------------------------------------------------------
+def np_gelu(a):
+    return 0.5 * a * (1.0 + _erf(a / math.sqrt(2.0)))
+
+
+GELU_POINTS = np.concatenate([np.linspace(-7.0, 7.0, 281), [-0.0, 1e-4, -1e-4, 30.0, -30.0]])
+
+
+def test_gelu_matches_the_float64_erf_formula():
+    """Within float32 rounding of ``1 + erf(·)`` (PyTorch's formula too): |error| ≤ |a| · 2⁻²⁴ + 1 ulp, so 5e-7 here."""
+    got = np.asarray(jax.jit(gelu)(jnp.asarray(GELU_POINTS, jnp.float32)), np.float64)
+    np.testing.assert_allclose(got, np_gelu(GELU_POINTS), rtol=2e-6, atol=5e-7)
+
+
+def test_gelu_derivative_matches_central_differences_of_the_float64_formula():
+    h = 1e-5
+    want = (np_gelu(GELU_POINTS + h) - np_gelu(GELU_POINTS - h)) / (2 * h)
+    upstream = np.random.default_rng(0).uniform(0.5, 2.0, GELU_POINTS.shape)
+    got = jax.jit(jax.grad(lambda a, u: jnp.sum(u * gelu(a))))(jnp.asarray(GELU_POINTS, jnp.float32),
+                                                                jnp.asarray(upstream, jnp.float32))
+    np.testing.assert_allclose(np.asarray(got, np.float64), upstream * want, rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_keeps_the_compute_dtype_in_both_passes():
+    a = jnp.linspace(-3.0, 3.0, 64, dtype=jnp.bfloat16)
+    out, pull = jax.vjp(gelu, a)
+    (grad,) = pull(jnp.ones_like(out))
+    assert out.dtype == grad.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float64), np_gelu(np.asarray(a, np.float64)), rtol=1e-2, atol=1e-2)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -295,6 +329,28 @@ def test_drop_path_drops_or_rescales_whole_samples():
     np.testing.assert_array_equal(per_sample[kept], np.float32(1 / 0.75))
     np.testing.assert_array_equal(per_sample[~kept], 0.0)
     assert abs((~kept).mean() - 0.25) < 0.03
+
+
+def test_block_drop_path_drops_whole_samples_of_its_token_matrix():
+    """The block works on the (batch · tokens, dim) token matrix; DropPath must still drop whole samples."""
+    blk = Block(DIM, HEADS, branch_scaling="none", drop_path=0.5, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(3), (16, TOKENS, DIM), jnp.float32)
+    graphdef, state = nnx.split(blk)
+
+    def run(state, x, key, train):
+        b = nnx.merge(graphdef, state)
+        b.mlp.fc2.kernel[...] = jnp.zeros_like(b.mlp.fc2.kernel[...])     # only the attention branch remains
+        b.mlp.fc2.bias[...] = jnp.zeros_like(b.mlp.fc2.bias[...])
+        if not train:
+            b.eval()
+        return b(x, key=key)
+
+    run = jax.jit(run, static_argnums=3, compiler_options=FAST_COMPILE)
+    branch = np.asarray(run(state, x, None, False) - x)
+    update = np.asarray(run(state, x, jax.random.key(4), True) - x)
+    dropped = np.all(update == 0.0, axis=(1, 2))
+    np.testing.assert_allclose(update[~dropped], branch[~dropped] / 0.5, rtol=1e-5, atol=1e-6)
+    assert 0 < dropped.sum() < len(dropped)
 
 
 def test_drop_path_with_a_traced_rate_draws_the_same_mask_as_a_static_rate():

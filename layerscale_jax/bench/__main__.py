@@ -9,20 +9,14 @@ Subcommands:
   ablation     the depth-ablation model (8×8×1 digits, width 64, depth 6 and 24, batch 128) vs timm
   seeds        several seeds in one vmapped step against the same seeds one after another
   pipeline     the digits input pipeline against the ablation train step
-  xla_flags    the train step under XLA CPU options (each in a fresh subprocess)
+  xla_options  the train step compiled under XLA CPU compiler options, timed interleaved
   all          the whole CPU suite → benchmarks/results/<machine>_<date>.json
 """
 from __future__ import annotations
 
-import os
 import sys
 
-from layerscale_jax.bench.xla_options import apply_default_xla_flags
-
-# XLA reads its flags when the backend starts: set the defaults before anything touches a device.
-apply_default_xla_flags()
-
-from layerscale_jax.bench.cli import main  # noqa: E402
+from layerscale_jax.bench.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -166,7 +166,8 @@ def step_metrics(step: CompiledStep, stats: dict, peak: dict | None, peak_memory
         "achieved_flop_per_s": model_flops / t,
         "compile_s": step.compile_s, "lower_s": step.lower_s, "xla_compile_s": step.xla_compile_s,
         "peak_memory_bytes": peak_memory,
-        "peak_memory_source": "device_memory_stats" if jax.default_backend() != "cpu" else "process_peak_rss",
+        "peak_memory_source": ("device_memory_stats" if jax.default_backend() != "cpu"
+                               else "process_peak_rss_increase"),
         "xla_memory": step.memory(),
         "final_loss": float(step.loss) if step.loss is not None else None,
     }
@@ -181,13 +182,21 @@ def step_metrics(step: CompiledStep, stats: dict, peak: dict | None, peak_memory
 
 
 def prepare(spec: StepSpec, tx=None) -> tuple[CompiledStep, int | None]:
-    """Compile ``spec`` and run its warm-up; returns the step and its peak memory during the warm-up steps."""
+    """Compile ``spec`` and run its warm-up; returns the step and its peak memory.
+
+    GPU: the device's peak bytes in use. CPU: the peak RSS during two steps minus the RSS before the model was
+    built (freed heap is returned to the OS before both readings, so earlier work in the process does not count):
+    parameters, optimizer state, batch, executable and the step's temporaries.
+    """
+    timing.malloc_trim()
+    base = timing.current_rss_bytes()
     step = CompiledStep(spec, tx)
+    timing.malloc_trim()
     timing.reset_peak_rss()
     step.run(1)
     step.run(1)
     if jax.default_backend() == "cpu":
-        peak_memory = timing.peak_rss_bytes()
+        peak_memory = timing.peak_rss_bytes() - base
     else:
         peak_memory = timing.device_peak_memory()
     return step, peak_memory

@@ -85,9 +85,12 @@ def print_depth(r: dict) -> None:
 
 def memory_probe(spec: StepSpec) -> dict:
     """Run in a fresh process: XLA's planned peak for the compiled step and the process's peak RSS."""
+    timing.block(jnp.zeros(()) + 1)          # start the backend first: its memory is not the step's
+    timing.malloc_trim()
     base = timing.current_rss_bytes()
     step = CompiledStep(spec)
     after_compile_peak = timing.peak_rss_bytes()
+    timing.malloc_trim()
     timing.reset_peak_rss()
     resident = timing.current_rss_bytes()
     step.run(1)
@@ -102,9 +105,14 @@ def memory_probe(spec: StepSpec) -> dict:
 
 
 def _run_subprocess(args: list[str], timeout: float) -> dict:
+    return _run_with(sys.executable, args, timeout)
+
+
+def _run_with(python: str, args: list[str], timeout: float) -> dict:
+    """``python -m layerscale_jax.bench ARGS`` in a fresh process; its last JSON line (or ``{"error": ...}``)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    proc = subprocess.run([sys.executable, "-m", "layerscale_jax.bench", *args], capture_output=True, text=True,
+    proc = subprocess.run([python, "-m", "layerscale_jax.bench", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=str(REPO))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -127,7 +135,8 @@ def bench_memory(depths=DEFAULT_DEPTHS, policies=None, batch: int = 32, timeout:
     out = {"benchmark": "memory", "shape": dict(MEMORY_SHAPE, batch=batch, scan=True), "rows": rows,
            "method": "one fresh subprocess per configuration; xla_peak_bytes = argument + output - aliased + "
                      "temporary bytes from compiled.memory_analysis() (XLA's buffer assignment, deterministic); "
-                     "rss_step_increase_bytes = peak RSS during two steps minus RSS before the model was built"}
+                     "rss_step_increase_bytes = peak RSS during two steps minus RSS before the model was built "
+                     "(backend started, freed heap returned to the OS with malloc_trim before both readings)"}
     hi = max(depths)
     none = next((r for r in rows if r["depth"] == hi and r["remat"] == "none" and "error" not in r), None)
     if none:
@@ -184,18 +193,33 @@ def bench_layerscale(cases=None, repeats: int = 7) -> dict:
         rows.append({"case": label, "model": model, "batch": batch, "overrides": overrides,
                      "layerscale_step_s": ls, "none_step_s": none, "overhead": ls / none - 1,
                      "layerscale": stats["layerscale"], "none": stats["none"],
-                     "flops_xla": {k: s.flops()["flops_xla"] for k, s in steps.items()}})
+                     "flops_xla": {k: s.flops()["flops_xla"] for k, s in steps.items()},
+                     "bytes_accessed_xla": {k: _bytes_accessed(s) for k, s in steps.items()},
+                     "temp_bytes_xla": {k: s.memory().get("temp_size_in_bytes") for k, s in steps.items()}})
+        b = rows[-1]["bytes_accessed_xla"]
+        rows[-1]["bytes_accessed_overhead"] = b["layerscale"] / b["none"] - 1 if b["none"] else None
         del steps
     out = {"benchmark": "layerscale", "rows": rows, "target_overhead": 0.02,
            "target_met": all(r["overhead"] <= 0.02 for r in rows)}
     return _stamp(out)
 
 
+def _bytes_accessed(step: CompiledStep) -> float | None:
+    try:
+        cost = step.compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        return float(cost["bytes accessed"])
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def print_layerscale(r: dict) -> None:
     print("LayerScale vs none at equal shapes (interleaved)")
     for row in r["rows"]:
+        b = row.get("bytes_accessed_overhead")
         print(f"  {row['case']:>30}: layerscale {row['layerscale_step_s'] * 1e3:8.1f} ms, none "
-              f"{row['none_step_s'] * 1e3:8.1f} ms, overhead {100 * row['overhead']:+.2f}%")
+              f"{row['none_step_s'] * 1e3:8.1f} ms, overhead {100 * row['overhead']:+.2f}% "
+              f"(XLA bytes accessed {'n/a' if b is None else f'{100 * b:+.2f}%'})")
     print(f"target <= 2%: {'met' if r['target_met'] else 'MISSED'}")
 
 
@@ -331,58 +355,66 @@ def print_pipeline(r: dict) -> None:
 # ---- XLA CPU options ------------------------------------------------------------------------------------------
 
 
-def bench_xla_flags(names=None, cases=None, rounds: int = 2, timeout: float = 900) -> dict:
-    """The train step under each XLA CPU option alone (fresh subprocess each, no default flags), in rounds
-    (baseline, A, B, ..., baseline, A, B, ...) so load changes hit every option alike."""
-    from layerscale_jax.bench.xla_options import CANDIDATE_CPU_FLAGS
-    names = names or list(CANDIDATE_CPU_FLAGS)
-    cases = cases or [("deit3_small b16 fp32", ["--batch", "16"]),
-                      ("ablation d6 b128", ["--batch", "128", "--set", "depth=6",
-                                            *[a for k, v in ABLATION.items() for a in ("--set", f"{k}={v}")]])]
-    results = {c: {n: [] for n in names} for c, _ in cases}
-    for _ in range(rounds):
-        for case, args in cases:
-            for name in names:
-                env_flags = CANDIDATE_CPU_FLAGS[name]
-                r = _run_flagged(["train_step", *args, "--repeats", "3", "--json"], env_flags, timeout)
-                results[case][name].append(r)
+def bench_xla_options(names=None, cases=None, repeats: int = 5) -> dict:
+    """The train step compiled once per XLA CPU option set (``xla_options.CANDIDATE_CPU_OPTIONS``) in one
+    process, the executables timed interleaved; speed-up = XLA-default step time / the option's."""
+    from layerscale_jax.bench.xla_options import CANDIDATE_CPU_OPTIONS, library_calls
+    names = list(names or CANDIDATE_CPU_OPTIONS)
+    if "xla_default" not in names:
+        names.insert(0, "xla_default")
+    unknown = [n for n in names if n not in CANDIDATE_CPU_OPTIONS]
+    if unknown:
+        raise ValueError(f"unknown XLA option set(s) {unknown}; known: {sorted(CANDIDATE_CPU_OPTIONS)}")
+    cases = cases or [("deit3_small b16 fp32", StepSpec(batch=16)),
+                      ("ablation d6 b128", StepSpec(batch=128, overrides=dict(ABLATION, depth=6)))]
     rows = []
-    for case, _ in cases:
-        base = _median_step(results[case]["baseline"]) if "baseline" in names else None
+    for case, spec in cases:
+        model, graphdef, state = init_state(spec)
+        images, labels = synthetic_batch(model.cfg, spec.batch, spec.seed)
+        jitted = jax.jit(make_step_fn(graphdef, make_optimizer(), uses_drop_path(model.cfg)), donate_argnums=0)
+        lowered = jitted.lower(state, images, labels)
+        compiled, calls, errors, info = {}, {}, {}, {}
         for name in names:
-            t = _median_step(results[case][name])
-            err = next((r["error"] for r in results[case][name] if "error" in r), None)
-            rows.append({"case": case, "option": name, "flags": CANDIDATE_CPU_FLAGS[name], "step_time_s": t,
-                         "speedup_vs_baseline": base / t if base and t else None, "error": err})
-    return _stamp({"benchmark": "xla_flags", "rows": rows, "rounds": rounds})
+            try:
+                t0 = time.perf_counter()
+                compiled[name] = lowered.compile(compiler_options=CANDIDATE_CPU_OPTIONS[name])
+                info[name] = {"compile_s": time.perf_counter() - t0,
+                              "library_calls": library_calls(compiled[name].as_text())}
+            except Exception as e:  # noqa: BLE001 - an option this jaxlib rejects is a result, not a crash
+                errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
+        holders = {name: {"state": jax.tree.map(jnp.copy, state)} for name in compiled}
+
+        def make_call(name):
+            def call(k):
+                h, loss = holders[name], None
+                for _ in range(k):
+                    h["state"], loss = compiled[name](h["state"], images, labels)
+                timing.block(loss)
+            return call
+
+        for name in compiled:
+            calls[name] = make_call(name)
+        stats = timing.measure_interleaved(calls, warmup=1, repeats=repeats, min_repeat_s=0.5)
+        base = stats["xla_default"]["median_s"] if "xla_default" in stats else None
+        for name in names:
+            t = stats[name]["median_s"] if name in stats else None
+            rows.append({"case": case, "option": name, "compiler_options": CANDIDATE_CPU_OPTIONS[name],
+                         "step_time_s": t, "speedup_vs_default": base / t if base and t else None,
+                         "stats": stats.get(name), **info.get(name, {}), "error": errors.get(name)})
+        del compiled, holders, state
+    return _stamp({"benchmark": "xla_options", "rows": rows, "repeats": repeats,
+                   "method": "one process; the same lowered step compiled with each option set; executables "
+                             "timed interleaved (A, B, C, A, B, C, ...); median of repeats"})
 
 
-def _median_step(runs):
-    times = [r["step_time_s"] for r in runs if "step_time_s" in r]
-    return float(np.median(times)) if times else None
-
-
-def _run_flagged(args, flags: str, timeout: float) -> dict:
-    env = dict(os.environ, LAYERSCALE_BENCH_XLA_DEFAULTS="0", XLA_FLAGS=flags)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    try:
-        proc = subprocess.run([sys.executable, "-m", "layerscale_jax.bench", *args], capture_output=True,
-                              text=True, timeout=timeout, env=env, cwd=str(REPO))
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-500:]}"}
-    return json.loads(lines[-1])
-
-
-def print_xla_flags(r: dict) -> None:
-    print(f"XLA CPU options ({r['rounds']} rounds, fresh process each)")
+def print_xla_options(r: dict) -> None:
+    print(f"XLA CPU options (one process, interleaved, {r['repeats']} repeats)")
     for row in r["rows"]:
-        t = row["step_time_s"]
-        s = row["speedup_vs_baseline"]
-        print(f"  {row['case']:>22} {row['option']:>18}: {'error' if t is None else f'{t * 1e3:9.1f} ms'} "
-              f"{'' if s is None else f'{s:.3f}x'} {row['error'][-120:] if row['error'] else ''}")
+        t, s = row["step_time_s"], row["speedup_vs_default"]
+        lib = row.get("library_calls") or {}
+        libs = ", ".join(f"{k} {v}" for k, v in lib.items() if v)
+        print(f"  {row['case']:>22} {row['option']:>20}: {'error' if t is None else f'{t * 1e3:9.1f} ms'} "
+              f"{'' if s is None else f'{s:.3f}x'}  [{libs}] {row['error'][-120:] if row['error'] else ''}")
 
 
 # ---- all ------------------------------------------------------------------------------------------------------
@@ -401,20 +433,34 @@ def wait_for_load(max_load: float | None, max_wait_s: float, poll_s: float = 15.
     return time.time() - t0
 
 
+ENTRIES = ("train_step", "ablation", "layerscale", "seeds", "depth", "memory", "pipeline", "xla_options")
+
+
 def run_all(out_dir: str | None = None, quick: bool = False, max_load: float | None = None,
-            max_wait_s: float = 600.0) -> dict:
+            max_wait_s: float = 600.0, only: tuple[str, ...] | None = None,
+            pipeline_python: str | None = None) -> dict:
     """The whole CPU suite, written to ``benchmarks/results/<machine>_<date>.json`` (returned too).
 
     With ``max_load``, each entry first waits (up to ``max_wait_s``) for the 1-minute load average to drop to it.
+    ``only`` runs some entries and merges them into that day's file. ``pipeline_python`` runs the pipeline entry
+    with another interpreter (one with the data dependencies, when this one only has torch/timm).
     """
     started = time.time()
+    path = _results_path(out_dir)
     results = {"suite": "layerscale_jax.bench all", "started": datetime.datetime.now().isoformat(timespec="seconds"),
                "machine": timing.machine_info(), "load_average_start": timing.load_average(), "entries": {}}
+    if only and path.exists():
+        results = json.loads(path.read_text())
+        results.setdefault("reruns", []).append({"entries": list(only), "started": datetime.datetime.now().isoformat(
+            timespec="seconds"), "load_average_start": timing.load_average()})
+    wanted = set(only or ENTRIES)
     mm = {"float32": timing.matmul_peak("float32"), "bfloat16": timing.matmul_peak("bfloat16")}
-    results["entries"]["matmul"] = mm
-    path = _results_path(out_dir)
+    if not only:
+        results["entries"]["matmul"] = mm
 
     def record(name, fn, printer):
+        if name.split("_deit3")[0] not in wanted:
+            return
         waited = wait_for_load(max_load, max_wait_s)
         load_before = timing.load_average()
         t0 = time.time()
@@ -443,9 +489,13 @@ def run_all(out_dir: str | None = None, quick: bool = False, max_load: float | N
     record("seeds", lambda: bench_seeds(), print_seeds)
     record("depth", lambda: bench_depth(depths=(12, 96) if quick else DEFAULT_DEPTHS), print_depth)
     record("memory", lambda: bench_memory(depths=(12, 96) if quick else DEFAULT_DEPTHS), print_memory)
-    record("pipeline", lambda: bench_pipeline(), print_pipeline)
+    if pipeline_python:
+        record("pipeline", lambda: _run_with(pipeline_python, ["pipeline", "--json"], 900), print_pipeline)
+    else:
+        record("pipeline", lambda: bench_pipeline(), print_pipeline)
+    record("xla_options", lambda: bench_xla_options(), print_xla_options)
     results["load_average_end"] = timing.load_average()
-    results["elapsed_s"] = time.time() - started
+    results["elapsed_s" if not only else "rerun_elapsed_s"] = time.time() - started
     results["summary"] = summarize(results)
     _write(path, results)
     print(f"wrote {path}")
@@ -554,12 +604,12 @@ def add_subcommands(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=lambda a: bench_pipeline(a.batch, a.num_batches, data_dir=a.data_dir), show=print_pipeline)
 
-    p = sub.add_parser("xla_flags", help="the train step under each XLA CPU option (fresh process each)")
-    p.add_argument("--options", default=None, help="comma-separated names from xla_options.CANDIDATE_CPU_FLAGS")
-    p.add_argument("--rounds", type=int, default=2)
+    p = sub.add_parser("xla_options", help="the train step under XLA CPU compiler options (interleaved)")
+    p.add_argument("--options", default=None, help="comma-separated names from xla_options.CANDIDATE_CPU_OPTIONS")
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(run=lambda a: bench_xla_flags(a.options.split(",") if a.options else None, rounds=a.rounds),
-                   show=print_xla_flags)
+    p.set_defaults(run=lambda a: bench_xla_options(a.options.split(",") if a.options else None,
+                                                   repeats=a.repeats), show=print_xla_options)
 
     p = sub.add_parser("all", help="the whole CPU suite → benchmarks/results/<machine>_<date>.json")
     p.add_argument("--out-dir", default=None)
@@ -567,6 +617,12 @@ def add_subcommands(sub) -> None:
     p.add_argument("--max-load", type=float, default=None,
                    help="before each entry wait for the 1-minute load average to drop to this (shared machines)")
     p.add_argument("--max-wait-s", type=float, default=600.0, help="the longest such wait per entry")
+    p.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(ENTRIES)}, merged into "
+                                                "the day's results file")
+    p.add_argument("--pipeline-python", default=None,
+                   help="interpreter for the pipeline entry (one with tensorflow-datasets and grain)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(run=lambda a: run_all(a.out_dir, a.quick, a.max_load, a.max_wait_s), show=print_all)
+    p.set_defaults(run=lambda a: run_all(a.out_dir, a.quick, a.max_load, a.max_wait_s,
+                                         tuple(a.only.split(",")) if a.only else None, a.pipeline_python),
+                   show=print_all)
 

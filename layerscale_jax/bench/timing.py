@@ -166,6 +166,15 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def malloc_trim() -> None:
+    """Return freed heap pages to the OS (glibc), so RSS afterwards counts live memory, not leftovers."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def current_rss_bytes() -> int:
     try:
         with open("/proc/self/status") as f:

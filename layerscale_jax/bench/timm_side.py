@@ -55,6 +55,9 @@ def prepare(spec, *, device: str | None = None, adamw: str = "default") -> dict:
     threads = timing.num_threads()
     torch.set_num_threads(threads)
     torch.manual_seed(spec.seed)
+    timing.malloc_trim()
+    if device != "cuda":
+        timing.reset_peak_rss()
     rss_before = timing.current_rss_bytes()
     model = timm.create_model(spec.model, pretrained=False, **kwargs).to(device)
     model.train()
@@ -88,8 +91,6 @@ def prepare(spec, *, device: str | None = None, adamw: str = "default") -> dict:
 
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    else:
-        timing.reset_peak_rss()
     run(2)
     if device == "cuda":
         peak_mem = int(torch.cuda.max_memory_allocated())

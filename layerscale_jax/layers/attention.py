@@ -76,8 +76,8 @@ class Attention(nnx.Module):
 
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         b, n, d = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, d // self.num_heads)
-        return self.proj(fused_qkv_attention(qkv).reshape(b, n, d))
+        qkv = self.qkv(x.reshape(b * n, d)).reshape(b, n, 3, self.num_heads, d // self.num_heads)
+        return self.proj(fused_qkv_attention(qkv).reshape(b * n, d)).reshape(b, n, d)
 
 
 class TalkingHeadsAttention(nnx.Module):
@@ -100,14 +100,14 @@ class TalkingHeadsAttention(nnx.Module):
 
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         b, n, d = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, d // self.num_heads)
+        qkv = self.qkv(x.reshape(b * n, d)).reshape(b, n, 3, self.num_heads, d // self.num_heads)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         logits = jnp.einsum("bqhd,bkhd->bqkh", q * self.scale, k)   # heads last, so the mixing is a Dense
         logits = self.proj_l(logits)
         weights = jax.nn.softmax(logits.astype(jnp.float32), axis=2).astype(logits.dtype)
         weights = self.proj_w(weights)
         out = jnp.einsum("bqkh,bkhd->bqhd", weights, v)
-        return self.proj(out.reshape(b, n, d))
+        return self.proj(out.reshape(b * n, d)).reshape(b, n, d)
 
 
 class ClassAttention(nnx.Module):
