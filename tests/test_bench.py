@@ -56,3 +56,21 @@ def test_xla_options_rejects_an_unknown_option_set_by_name():
     from layerscale_jax.bench.suite import bench_xla_options
     with pytest.raises(ValueError, match="no_such_option"):
         bench_xla_options(["no_such_option"], cases=[("toy", StepSpec(batch=2, overrides=TOY))])
+
+
+def test_profile_attributes_time_to_the_compiled_programs_operations(capsys):
+    cli.main(["profile", "--batch", "2", "--steps", "1", "--top", "5", "--json",
+              *[a for k, v in TOY.items() for a in ("--set", f"{k}={v}")]])
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["timed_ops_ms_per_step"] > 0
+    assert 0 < len(r["by_op"]) <= 5 and all(row["shape"] and row["ms_per_step"] > 0 for row in r["by_op"])
+    assert sum(row["ms_per_step"] for row in r["by_kind"]) <= r["timed_ops_ms_per_step"] + 1e-9
+
+
+def test_page_faults_runs_the_step_in_fresh_processes_with_and_without_the_tunable():
+    from layerscale_jax.bench.suite import bench_page_faults
+    r = bench_page_faults(StepSpec(batch=2, overrides=TOY), rounds=1)
+    assert [run["glibc_tunables"] for run in r["runs"]["default_4k_pages"]] == [""]
+    assert [run["glibc_tunables"] for run in r["runs"]["huge_page_malloc"]] == ["glibc.malloc.hugetlb=1"]
+    for name in ("default_4k_pages", "huge_page_malloc"):
+        assert r[name]["step_s"] > 0 and r[name]["minor_faults"] >= 0

@@ -127,8 +127,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_matmul, show=print_matmul)
 
+    p = sub.add_parser("profile", help="where the train step's time goes, per XLA operation")
+    p.add_argument("--model", default="deit3_small_patch16_224")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="model override, repeatable")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_profile, show=_print_profile)
+
     suite.add_subcommands(sub)
     return parser
+
+
+def cmd_profile(args) -> dict:
+    from layerscale_jax.bench.profile import profile_step
+    from layerscale_jax.bench.step import StepSpec
+    spec = StepSpec(model=args.model, batch=args.batch, dtype=args.dtype, overrides=parse_overrides(args.set))
+    return profile_step(spec, steps=args.steps, top=args.top)
+
+
+def _print_profile(r: dict) -> None:
+    from layerscale_jax.bench.profile import print_profile
+    print_profile(r)
 
 
 def main(argv: list[str] | None = None) -> int:

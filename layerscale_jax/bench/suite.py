@@ -5,6 +5,7 @@ Shapes are chosen so the whole CPU suite finishes in minutes on 2 cores; each en
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -19,7 +20,8 @@ import numpy as np
 
 from layerscale_jax.bench import timing
 from layerscale_jax.bench.step import (CompiledStep, StepSpec, init_state, make_optimizer, make_step_fn,
-                                       measure_train_step, prepare, synthetic_batch, uses_drop_path)
+                                       describe, measure_train_step, prepare, synthetic_batch,
+                                       uses_drop_path)
 
 # The model of the depth ablations (configs/digits_layerscale.py): 8×8×1 digits, patch 2, width 64, 4 heads.
 ABLATION = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=64, num_heads=4,
@@ -108,9 +110,10 @@ def _run_subprocess(args: list[str], timeout: float) -> dict:
     return _run_with(sys.executable, args, timeout)
 
 
-def _run_with(python: str, args: list[str], timeout: float) -> dict:
-    """``python -m layerscale_jax.bench ARGS`` in a fresh process; its last JSON line (or ``{"error": ...}``)."""
-    env = dict(os.environ)
+def _run_with(python: str, args: list[str], timeout: float, env: dict | None = None) -> dict:
+    """``python -m layerscale_jax.bench ARGS`` in a fresh process (``env`` added to this one's environment); its
+    last JSON line (or ``{"error": ...}``)."""
+    env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.run([python, "-m", "layerscale_jax.bench", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=str(REPO))
@@ -417,6 +420,62 @@ def print_xla_options(r: dict) -> None:
               f"{'' if s is None else f'{s:.3f}x'}  [{libs}] {row['error'][-120:] if row['error'] else ''}")
 
 
+# ---- huge pages for XLA's buffers ------------------------------------------------------------------------------
+
+
+def page_fault_probe(spec: StepSpec, steps: int = 3) -> dict:
+    """Per step of ``spec``: wall time, minor page faults and kernel (system) CPU time (run in a fresh process)."""
+    import resource
+    step = CompiledStep(spec)
+    step.run(1)
+    rows = []
+    for _ in range(steps):
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        step.run(1)
+        t, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        rows.append({"step_s": t, "minor_faults": r1.ru_minflt - r0.ru_minflt, "system_s": r1.ru_stime - r0.ru_stime,
+                     "user_s": r1.ru_utime - r0.ru_utime})
+    return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "steps": rows,
+            **{k: float(np.median([r[k] for r in rows])) for k in ("step_s", "minor_faults", "system_s")}}
+
+
+def bench_page_faults(spec: StepSpec | None = None, rounds: int = 2, timeout: float = 900) -> dict:
+    """The train step with and without glibc's huge-page malloc (``layerscale_jax.runtime``), fresh processes
+    alternated (off, on, off, on, ...); medians over all steps of each setting."""
+    spec = spec or StepSpec(batch=16)
+    args = ["page_fault_probe", "--model", spec.model, "--batch", str(spec.batch),
+            *[a for k, v in spec.overrides.items() for a in ("--set", f"{k}={v}")], "--json"]
+    settings = {"default_4k_pages": {"LAYERSCALE_JAX_HUGEPAGES": "0", "GLIBC_TUNABLES": ""},
+                "huge_page_malloc": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
+    runs = {name: [] for name in settings}
+    for _ in range(rounds):
+        for name, env in settings.items():
+            runs[name].append(_run_with(sys.executable, args, timeout, env=env))
+    out = {"benchmark": "page_faults", "spec": describe(spec), "rounds": rounds, "runs": runs}
+    for name in settings:
+        steps = [r for run in runs[name] for r in run.get("steps", [])]
+        out[name] = {k: float(np.median([r[k] for r in steps])) if steps else None
+                     for k in ("step_s", "minor_faults", "system_s")}
+    a, b = out["default_4k_pages"], out["huge_page_malloc"]
+    if a["step_s"] and b["step_s"]:
+        out["speedup"] = a["step_s"] / b["step_s"]
+        out["fault_ratio"] = a["minor_faults"] / max(b["minor_faults"], 1.0)
+    return _stamp(out)
+
+
+def print_page_faults(r: dict) -> None:
+    print(f"glibc huge-page malloc for XLA's buffers — {r['spec']}")
+    for name in ("default_4k_pages", "huge_page_malloc"):
+        v = r[name]
+        if v["step_s"] is None:
+            print(f"  {name:>17}: error {[run.get('error') for run in r['runs'][name]]}")
+            continue
+        print(f"  {name:>17}: step {v['step_s'] * 1e3:8.1f} ms, {v['minor_faults']:9.0f} minor faults, "
+              f"{v['system_s']:.2f} s kernel time per step")
+    if "speedup" in r:
+        print(f"  speed-up {r['speedup']:.3f}x, {r['fault_ratio']:.0f}x fewer page faults")
+
+
 # ---- all ------------------------------------------------------------------------------------------------------
 
 
@@ -433,7 +492,8 @@ def wait_for_load(max_load: float | None, max_wait_s: float, poll_s: float = 15.
     return time.time() - t0
 
 
-ENTRIES = ("train_step", "ablation", "layerscale", "seeds", "depth", "memory", "pipeline", "xla_options")
+ENTRIES = ("train_step", "ablation", "layerscale", "seeds", "depth", "memory", "pipeline", "xla_options",
+           "page_faults")
 
 
 def run_all(out_dir: str | None = None, quick: bool = False, max_load: float | None = None,
@@ -494,6 +554,7 @@ def run_all(out_dir: str | None = None, quick: bool = False, max_load: float | N
     else:
         record("pipeline", lambda: bench_pipeline(), print_pipeline)
     record("xla_options", lambda: bench_xla_options(), print_xla_options)
+    record("page_faults", lambda: bench_page_faults(), print_page_faults)
     results["load_average_end"] = timing.load_average()
     results["elapsed_s" if not only else "rerun_elapsed_s"] = time.time() - started
     results["summary"] = summarize(results)
@@ -546,6 +607,11 @@ def print_all(r: dict) -> None:
 
 
 # ---- command line ---------------------------------------------------------------------------------------------
+
+
+def _overrides(items):
+    from layerscale_jax.bench.cli import parse_overrides
+    return parse_overrides(items)
 
 
 def add_subcommands(sub) -> None:
@@ -610,6 +676,26 @@ def add_subcommands(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=lambda a: bench_xla_options(a.options.split(",") if a.options else None,
                                                    repeats=a.repeats), show=print_xla_options)
+
+    p = sub.add_parser("page_faults", help="the train step with and without glibc's huge-page malloc")
+    p.add_argument("--model", default="deit3_small_patch16_224")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=lambda a: bench_page_faults(StepSpec(model=a.model, batch=a.batch,
+                                                            overrides=_overrides(a.set)), a.rounds),
+                   show=print_page_faults)
+
+    p = sub.add_parser("page_fault_probe", help=argparse.SUPPRESS)
+    p.add_argument("--model", default="deit3_small_patch16_224")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=lambda a: page_fault_probe(StepSpec(model=a.model, batch=a.batch,
+                                                           overrides=_overrides(a.set)), a.steps),
+                   show=print)
 
     p = sub.add_parser("all", help="the whole CPU suite → benchmarks/results/<machine>_<date>.json")
     p.add_argument("--out-dir", default=None)

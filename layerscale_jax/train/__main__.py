@@ -8,6 +8,12 @@ from __future__ import annotations
 
 import logging
 
+from layerscale_jax.runtime import reexec_with_huge_page_malloc
+
+# Before anything allocates: huge pages for XLA's per-step CPU buffers (see layerscale_jax/runtime.py).
+if __name__ == "__main__":
+    reexec_with_huge_page_malloc()
+
 from absl import app, flags
 from ml_collections import config_flags
 
