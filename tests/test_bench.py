@@ -29,6 +29,10 @@ def test_vs_timm_without_torch_says_so_and_still_reports_ours(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_torch)
+    import importlib.util
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name in ("torch", "timm") else real_find_spec(name, *a, **k))
     r = measure_train_step(StepSpec(batch=2, overrides=TOY), vs_timm=True, repeats=1, min_repeat_s=0, peak=PEAK)
     assert r["img_per_s"] > 0
     assert r["timm_img_per_s"] is None and r["ratio_vs_timm"] is None

@@ -162,6 +162,32 @@ def test_gelu_keeps_the_compute_dtype_in_both_passes():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# a branch scale folded into the output layer: x (W diag s) + s ⊙ b = s ⊙ (x W + b)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scale_shape", [(DIM,), ()])
+def test_folded_scale_equals_scaling_the_layer_output_and_so_do_its_gradients(scale_shape):
+    from layerscale_jax.layers.common import dense, linear
+    layer = dense(DIM, DIM, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(5)
+    w, b = rng.normal(0, 0.3, (DIM, DIM)), rng.normal(0, 0.3, DIM)
+    layer.kernel[...], layer.bias[...] = jnp.asarray(w, jnp.float32), jnp.asarray(b, jnp.float32)
+    x = rng.normal(0, 1, (7, DIM))
+    s = rng.uniform(-1, 1, scale_shape)
+    upstream = rng.normal(0, 1, (7, DIM))
+
+    def loss(s, layer):
+        return jnp.sum(jnp.asarray(upstream, jnp.float32) * linear(layer, jnp.asarray(x, jnp.float32), s))
+
+    value = jax.jit(lambda s: linear(layer, jnp.asarray(x, jnp.float32), s))(jnp.asarray(s, jnp.float32))
+    np.testing.assert_allclose(value, s * (x @ w + b), rtol=1e-5, atol=1e-5)
+    grad_s, grad_layer = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(s, jnp.float32), layer)
+    want_s = (upstream * (x @ w + b)).sum(0)                               # ∂/∂s of Σ u ⊙ s ⊙ (xW + b)
+    np.testing.assert_allclose(grad_s, want_s if scale_shape else want_s.sum(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(grad_layer.kernel[...], x.T @ (upstream * s), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(grad_layer.bias[...], (upstream * s).sum(0), rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # LayerScale and the CaiT ε rule
 # ---------------------------------------------------------------------------------------------------------------
 def test_layerscale_is_a_float32_per_channel_vector_initialised_to_epsilon():

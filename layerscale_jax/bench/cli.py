@@ -137,8 +137,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_profile, show=_print_profile)
 
+    p = sub.add_parser("timm_worker", help=argparse.SUPPRESS)
+    p.add_argument("request")
+    p.set_defaults(run=lambda a: _timm_worker(a.request), show=lambda r: None)
+
     suite.add_subcommands(sub)
     return parser
+
+
+def _timm_worker(request: str) -> None:
+    from layerscale_jax.bench.timm_side import worker_main
+    worker_main(request)
 
 
 def cmd_profile(args) -> dict:

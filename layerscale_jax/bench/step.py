@@ -210,10 +210,17 @@ def measure_train_step(spec: StepSpec, *, vs_timm: bool = False, repeats: int = 
     timm_info = None
     if vs_timm:
         from layerscale_jax.bench import timm_side
-        timm_info = timm_side.prepare(spec, **(timm_kwargs or {}))
+        if jax.default_backend() == "cpu":
+            timm_info = timm_side.prepare_worker(spec, **(timm_kwargs or {}))
+        else:
+            timm_info = timm_side.prepare(spec, **(timm_kwargs or {}))
         if timm_info.get("run") is not None:
             calls["timm"] = timm_info["run"]
-    stats = timing.measure_interleaved(calls, warmup=1, repeats=repeats, min_repeat_s=min_repeat_s)
+    try:
+        stats = timing.measure_interleaved(calls, warmup=1, repeats=repeats, min_repeat_s=min_repeat_s)
+    finally:
+        if timm_info and timm_info.get("close"):
+            timm_info.pop("close")()
     if peak is None:
         peak = timing.matmul_peak(spec.dtype)
     out = step_metrics(step, stats["ours"], peak, peak_memory)
@@ -222,10 +229,13 @@ def measure_train_step(spec: StepSpec, *, vs_timm: bool = False, repeats: int = 
             t = stats["timm"]["median_s"]
             out.update({"timm_img_per_s": spec.batch / t, "timm_step_time_s": t, "timm_step_time": stats["timm"],
                         "ratio_vs_timm": out["img_per_s"] / (spec.batch / t),
-                        **{k: v for k, v in timm_info.items() if k != "run"}})
+                        # timm's time over ours, repeat by repeat (each pair ran back to back, under the same load)
+                        "ratio_vs_timm_paired": float(np.median([b / a for a, b in zip(
+                            stats["ours"]["times_s"], stats["timm"]["times_s"])])),
+                        **{k: v for k, v in timm_info.items() if k not in ("run", "close")}})
             if timm_info.get("timm_matmul_peak_flop_per_s"):
                 out["timm_mfu"] = out["model_flops_per_step"] / t / timm_info["timm_matmul_peak_flop_per_s"]
         else:
             out.update({"timm_img_per_s": None, "ratio_vs_timm": None,
-                        **{k: v for k, v in timm_info.items() if k != "run"}})
+                        **{k: v for k, v in timm_info.items() if k not in ("run", "close")}})
     return out

@@ -176,7 +176,7 @@ def print_memory(r: dict) -> None:
 # ---- LayerScale against none ----------------------------------------------------------------------------------
 
 
-def bench_layerscale(cases=None, repeats: int = 7) -> dict:
+def bench_layerscale(cases=None, repeats: int = 15) -> dict:
     """Step time of LayerScale against ``branch_scaling='none'`` at equal shapes, measured interleaved."""
     cases = cases or [
         ("deit3_small_patch16_224 b16", "deit3_small_patch16_224", 16, {}),
@@ -193,8 +193,12 @@ def bench_layerscale(cases=None, repeats: int = 7) -> dict:
         stats = timing.measure_interleaved({k: s.run for k, s in steps.items()}, warmup=1, repeats=repeats,
                                            min_repeat_s=0.5)
         ls, none = stats["layerscale"]["median_s"], stats["none"]["median_s"]
+        # Each repeat of LayerScale is paired with the repeat of `none` that ran right after it, under the same
+        # load: the median of the per-pair ratios is the overhead (steadier than the ratio of the two medians).
+        pairs = [a / b for a, b in zip(stats["layerscale"]["times_s"], stats["none"]["times_s"])]
         rows.append({"case": label, "model": model, "batch": batch, "overrides": overrides,
-                     "layerscale_step_s": ls, "none_step_s": none, "overhead": ls / none - 1,
+                     "layerscale_step_s": ls, "none_step_s": none, "overhead": float(np.median(pairs)) - 1,
+                     "overhead_ratio_of_medians": ls / none - 1, "paired_ratios": pairs,
                      "layerscale": stats["layerscale"], "none": stats["none"],
                      "flops_xla": {k: s.flops()["flops_xla"] for k, s in steps.items()},
                      "bytes_accessed_xla": {k: _bytes_accessed(s) for k, s in steps.items()},

@@ -4,8 +4,17 @@
 
 torch and timm are imported here only, lazily; without them ``prepare`` says so and the benchmark skips this side.
 torch gets the same number of threads as XLA's CPU thread pool.
+
+On the CPU the timm side runs in its own worker process (``prepare_worker``), driven step by step from the
+benchmark so the two sides still alternate: sharing one process slowed XLA's step by about 15% on the development
+CPU (two runtimes' allocators and thread pools in one address space), which would bias the ratio against ours.
 """
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 from layerscale_jax.bench import timing
 from layerscale_jax.layers.scaling import cait_init_value
@@ -107,3 +116,60 @@ def prepare(spec, *, device: str | None = None, adamw: str = "default") -> dict:
         "timm_matmul_peak_flop_per_s": peak["flop_per_s"],
         "timm_adamw": adamw,
     }
+
+
+def prepare_worker(spec, *, adamw: str = "default") -> dict:
+    """``prepare`` in a separate process (CPU): the same ``{"run": run(k), ...info}``, with ``run`` sending the
+    worker a step count and waiting until it has run them."""
+    import dataclasses
+    import importlib.util
+    from layerscale_jax.bench.suite import REPO
+    missing = [m for m in ("torch", "timm") if importlib.util.find_spec(m) is None]
+    if missing:
+        return {"run": None, "timm_skipped": f"{' and '.join(missing)} not importable; timm side skipped"}
+    kwargs, why = timm_kwargs(spec)
+    if kwargs is None:
+        return {"run": None, "timm_skipped": why}
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.Popen([sys.executable, "-m", "layerscale_jax.bench", "timm_worker",
+                             json.dumps({"spec": dataclasses.asdict(spec), "adamw": adamw})],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(REPO))
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait()
+        return {"run": None, "timm_skipped": f"timm worker exited with {proc.returncode} before it was ready"}
+    info = json.loads(line)
+    if info.get("timm_skipped"):
+        proc.stdin.close()
+        proc.wait()
+        return {"run": None, **info}
+
+    def run(k: int) -> None:
+        proc.stdin.write(f"{k}\n")
+        proc.stdin.flush()
+        if proc.stdout.readline().strip() != "done":
+            raise RuntimeError(f"timm worker failed (exit code {proc.poll()})")
+
+    def close() -> None:
+        if proc.poll() is None:
+            proc.stdin.close()
+            proc.wait(timeout=60)
+
+    return {"run": run, "close": close, **info, "timm_process": "separate worker process"}
+
+
+def worker_main(request: str) -> None:
+    """The worker: build and warm up timm's step, print its info as one JSON line, then run ``k`` steps for each
+    ``k`` read from stdin, answering ``done`` after each."""
+    from layerscale_jax.bench.step import StepSpec
+    req = json.loads(request)
+    info = prepare(StepSpec(**req["spec"]), device="cpu", adamw=req["adamw"])
+    run = info.pop("run")
+    print(json.dumps(info), flush=True)
+    if run is None:
+        return
+    for line in sys.stdin:
+        run(int(line))
+        print("done", flush=True)

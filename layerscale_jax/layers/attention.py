@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from layerscale_jax.layers.common import dense
+from layerscale_jax.layers.common import dense, linear
 
 # How ``Attention`` computes softmax(q kᵀ / √d_h) v (the same function every way; only the speed differs):
 #   einsum  heads-major (b, h, n, d) einsums: one transpose of the fused qkv, no per-head relayouts
@@ -74,10 +74,10 @@ class Attention(nnx.Module):
         self.qkv = dense(dim, 3 * dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    def __call__(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
         b, n, d = x.shape
         qkv = self.qkv(x.reshape(b * n, d)).reshape(b, n, 3, self.num_heads, d // self.num_heads)
-        return self.proj(fused_qkv_attention(qkv).reshape(b * n, d)).reshape(b, n, d)
+        return linear(self.proj, fused_qkv_attention(qkv).reshape(b * n, d), out_scale).reshape(b, n, d)
 
 
 class TalkingHeadsAttention(nnx.Module):
@@ -98,7 +98,7 @@ class TalkingHeadsAttention(nnx.Module):
         self.proj_w = dense(num_heads, num_heads, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    def __call__(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
         b, n, d = x.shape
         qkv = self.qkv(x.reshape(b * n, d)).reshape(b, n, 3, self.num_heads, d // self.num_heads)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
@@ -107,7 +107,7 @@ class TalkingHeadsAttention(nnx.Module):
         weights = jax.nn.softmax(logits.astype(jnp.float32), axis=2).astype(logits.dtype)
         weights = self.proj_w(weights)
         out = jnp.einsum("bqkh,bkhd->bqhd", weights, v)
-        return self.proj(out.reshape(b * n, d)).reshape(b, n, d)
+        return linear(self.proj, out.reshape(b * n, d), out_scale).reshape(b, n, d)
 
 
 class ClassAttention(nnx.Module):
@@ -127,10 +127,10 @@ class ClassAttention(nnx.Module):
         self.v = dense(dim, dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    def __call__(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
         b, n, d = x.shape
         q = _split_heads(self.q(x[:, :1]), self.num_heads)
         k = _split_heads(self.k(x), self.num_heads)
         v = _split_heads(self.v(x), self.num_heads)
         out = jax.nn.dot_product_attention(q, k, v)
-        return self.proj(out.reshape(b, 1, d))
+        return linear(self.proj, out.reshape(b, 1, d), out_scale)

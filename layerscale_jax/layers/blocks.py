@@ -11,6 +11,8 @@ Class-attention block (CaiT's second stage), updating only the class token::
     x_cls'' = x_cls' + DropPath(S2(MLP(LN(x_cls'))))
 
 The residual stream ``x`` is float32; the branches compute in ``dtype`` and the scaling and the add are float32.
+A learned scale (LayerScale's λ, a scalar α) is folded into the branch's output layer, ``x (W diag λ) + λ ⊙ b``
+(``layers.common.linear``): the same function, whose backward pass has no extra pass over the tokens.
 Inside ``Block`` the stream is the ``(batch · tokens, dim)`` token matrix (a free reshape): every dense layer is one
 2-D matmul, and the gradients of biases, LayerNorm's affine and LayerScale's λ are column sums of a matrix, which
 XLA's CPU backend computes several times faster than the same sums over two leading axes, and without transposed
@@ -34,6 +36,11 @@ class _ScaledResidualBlock(nnx.Module):
 
     def _keys(self, key):
         return (None, None) if key is None else tuple(jax.random.split(key))
+
+    @staticmethod
+    def _scaled(branch, scale, h):
+        """``S(branch(h))`` in float32, the scale ``S`` folded into the branch's output layer."""
+        return branch(h, out_scale=scale.factor()).astype(jnp.float32)
 
     def _drop(self, branch, batch, key, rate):
         """DropPath of a token-matrix branch: whole samples are dropped, so it acts on the ``(batch, -1, dim)`` view."""
@@ -62,9 +69,9 @@ class Block(_ScaledResidualBlock):
         k1, k2 = self._keys(key)
         b, n, d = x.shape
         x = x.reshape(b * n, d)
-        attn = self.attn(self._norm(self.norm1, x).reshape(b, n, d)).reshape(b * n, d)
-        x = x + self._drop(self.ls1(attn), b, k1, drop_path_rate)
-        x = x + self._drop(self.ls2(self.mlp(self._norm(self.norm2, x))), b, k2, drop_path_rate)
+        attn = self._scaled(self.attn, self.ls1, self._norm(self.norm1, x).reshape(b, n, d)).reshape(b * n, d)
+        x = x + self._drop(attn, b, k1, drop_path_rate)
+        x = x + self._drop(self._scaled(self.mlp, self.ls2, self._norm(self.norm2, x)), b, k2, drop_path_rate)
         return x.reshape(b, n, d)
 
 
@@ -88,6 +95,6 @@ class ClassAttentionBlock(_ScaledResidualBlock):
     def __call__(self, x_cls: jnp.ndarray, x_patches: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
         k1, k2 = self._keys(key)
         tokens = jnp.concatenate([x_cls, x_patches], axis=1)
-        x_cls = x_cls + self.drop_path(self.ls1(self.attn(self._norm(self.norm1, tokens))), k1)
-        x_cls = x_cls + self.drop_path(self.ls2(self.mlp(self._norm(self.norm2, x_cls))), k2)
+        x_cls = x_cls + self.drop_path(self._scaled(self.attn, self.ls1, self._norm(self.norm1, tokens)), k1)
+        x_cls = x_cls + self.drop_path(self._scaled(self.mlp, self.ls2, self._norm(self.norm2, x_cls)), k2)
         return x_cls

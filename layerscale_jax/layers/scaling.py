@@ -74,6 +74,10 @@ class LayerScale(nnx.Module):
     def __call__(self, branch: jnp.ndarray) -> jnp.ndarray:
         return self.gamma[...] * branch.astype(jnp.float32)
 
+    def factor(self) -> jnp.ndarray:
+        """λ, for blocks that fold the scaling into the branch's output layer (``layers.common.linear``)."""
+        return self.gamma[...]
+
 
 class ScalarScale(nnx.Module):
     """One learnable scalar for the whole branch: ``y = α · x`` (``scalar``, ReZero, SkipInit), kept in float32."""
@@ -84,12 +88,18 @@ class ScalarScale(nnx.Module):
     def __call__(self, branch: jnp.ndarray) -> jnp.ndarray:
         return self.alpha[...] * branch.astype(jnp.float32)
 
+    def factor(self) -> jnp.ndarray:
+        return self.alpha[...]
+
 
 class Identity(nnx.Module):
     """No scaling (``none``): the branch output joins the float32 residual stream unchanged."""
 
     def __call__(self, branch: jnp.ndarray) -> jnp.ndarray:
         return branch.astype(jnp.float32)
+
+    def factor(self) -> None:
+        return None
 
 
 def make_branch_scale(branch_scaling: str, dim: int, init_value: float) -> nnx.Module:
