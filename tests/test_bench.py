@@ -78,3 +78,15 @@ def test_page_faults_runs_the_step_in_fresh_processes_with_and_without_the_tunab
     assert [run["glibc_tunables"] for run in r["runs"]["huge_page_malloc"]] == ["glibc.malloc.hugetlb=1"]
     for name in ("default_4k_pages", "huge_page_malloc"):
         assert r[name]["step_s"] > 0 and r[name]["minor_faults"] >= 0
+
+
+def test_report_renders_the_measured_ratios_into_the_table():
+    from layerscale_jax.bench.suite import report
+    row = {"img_per_s": 3.0, "timm_img_per_s": 4.0, "ratio_vs_timm": 0.75, "ratio_vs_timm_paired": 0.8,
+           "mfu": 0.5, "timm_mfu": 0.6}
+    table = report({"entries": {"train_step_deit3_small_b16_float32": row,
+                                "layerscale": {"rows": [{"case": "toy", "layerscale_step_s": 1.01, "none_step_s": 1.0,
+                                                         "overhead": 0.01, "bytes_accessed_overhead": 0.02}]}},
+                    "machine": {"cpu": "test cpu"}})
+    assert "| DeiT III-S/16 train step, float32, batch 16 | 3.00 img/s | 4.00 img/s | **0.75×** (paired 0.80×)" in table
+    assert "overhead **+1.0%** (XLA bytes accessed +2.0%)" in table and "test cpu" in table

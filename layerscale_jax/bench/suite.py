@@ -594,6 +594,67 @@ def summarize(results: dict) -> dict:
     return s
 
 
+def report(results: dict) -> str:
+    """The README's Performance table (markdown) from a results file of ``all``."""
+    e = results["entries"]
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"          # noqa: E731
+    lines = ["| benchmark | ours | timm | ours / timm | MFU ours / timm | target |", "|---|---|---|---|---|---|"]
+    for dtype in ("float32", "bfloat16"):
+        r = e.get(f"train_step_deit3_small_b16_{dtype}", {})
+        if "img_per_s" in r:
+            lines.append(f"| DeiT III-S/16 train step, {dtype}, batch 16 | {r['img_per_s']:.2f} img/s | "
+                         f"{r['timm_img_per_s']:.2f} img/s | **{r['ratio_vs_timm']:.2f}×** (paired "
+                         f"{r['ratio_vs_timm_paired']:.2f}×) | {pct(r['mfu'])} / {pct(r.get('timm_mfu'))} | "
+                         f"{'≥ 1.0×' if dtype == 'float32' else '—'} |")
+    for row in e.get("ablation", {}).get("rows", []):
+        lines.append(f"| ablation model, depth {row['overrides']['depth']}, batch 128, float32 | "
+                     f"{row['img_per_s']:.0f} img/s | {row['timm_img_per_s']:.0f} img/s | "
+                     f"**{row['ratio_vs_timm']:.2f}×** (paired {row['ratio_vs_timm_paired']:.2f}×) | "
+                     f"{pct(row['mfu'])} / {pct(row.get('timm_mfu'))} | ≥ 1.0× |")
+    for row in e.get("layerscale", {}).get("rows", []):
+        lines.append(f"| LayerScale vs `none` step time, {row['case']} | {row['layerscale_step_s'] * 1e3:.0f} ms vs "
+                     f"{row['none_step_s'] * 1e3:.0f} ms | | overhead **{100 * row['overhead']:+.1f}%** (XLA bytes "
+                     f"accessed {100 * row['bytes_accessed_overhead']:+.1f}%) | | ≤ 2% |")
+    dep = e.get("depth", {}).get("ratios", {})
+    if "scan" in dep:
+        lines.append(f"| compile time, scanned depth 96 / depth 12 | {dep['scan']['compile_ratio']:.2f}× | | | | "
+                     f"≤ 1.5× |")
+    if "unrolled" in dep:
+        lines.append(f"| compile time, unrolled depth 96 / depth 12 | {dep['unrolled']['compile_ratio']:.2f}× | | | "
+                     f"| — |")
+    mem = e.get("memory", {}).get("ratios_at_max_depth", {})
+    for policy, q in mem.items():
+        if policy == "none":
+            continue
+        rss = "n/a" if q["rss"] is None else f"{q['rss']:.2f}×"
+        lines.append(f"| peak memory at depth 96, remat `{policy}` / none | {q['xla_peak']:.2f}× (XLA plan), "
+                     f"{rss} (RSS) | | | | "
+                     f"{'≤ 0.33×' if policy == 'full' else '—'} |")
+    sd = e.get("seeds", {})
+    if "speedup" in sd:
+        lines.append(f"| {sd['num_seeds']} seeds in one vmapped step vs one after another | {sd['speedup']:.2f}× | | | "
+                     f"| — |")
+    pl = e.get("pipeline", {})
+    if "pipeline_over_step" in pl:
+        lines.append(f"| digits input pipeline / ablation train step | {pl['pipeline_img_per_s']:,.0f} vs "
+                     f"{pl['train_step_img_per_s']:,.0f} img/s = {pl['pipeline_over_step']:.0f}× | | | | > 1× |")
+    pf = e.get("page_faults", {})
+    if "speedup" in pf:
+        lines.append(f"| huge-page malloc vs 4 KiB pages, DeiT III-S/16 step | {pf['speedup']:.2f}× faster, "
+                     f"{pf['fault_ratio']:.0f}× fewer page faults | | | | — |")
+    mm = e.get("matmul", {})
+    if mm:
+        lines.append(f"| matmul peak (MFU denominator), 2048², float32 / bfloat16 | "
+                     f"{mm['float32']['flop_per_s'] / 1e9:.0f} / {mm['bfloat16']['flop_per_s'] / 1e9:.0f} GFLOP/s | "
+                     f"| | | — |")
+    m = results.get("machine", {})
+    lines.append("")
+    lines.append(f"Measured {results.get('started', '?')} on {m.get('cpu', '?')} ({m.get('cpu_threads', '?')} threads, "
+                 f"{m.get('backend', '?')}), jax {m.get('jax', '?')}; load average {results.get('load_average_start')} "
+                 f"at the start, {results.get('load_average_end')} at the end.")
+    return "\n".join(lines)
+
+
 def _results_path(out_dir: str | None) -> Path:
     d = Path(out_dir) if out_dir else REPO / "benchmarks" / "results"
     d.mkdir(parents=True, exist_ok=True)
@@ -700,6 +761,10 @@ def add_subcommands(sub) -> None:
     p.set_defaults(run=lambda a: page_fault_probe(StepSpec(model=a.model, batch=a.batch,
                                                            overrides=_overrides(a.set)), a.steps),
                    show=print)
+
+    p = sub.add_parser("report", help="the README Performance table (markdown) from a results file")
+    p.add_argument("results_json")
+    p.set_defaults(run=lambda a: report(json.loads(Path(a.results_json).read_text())), show=print)
 
     p = sub.add_parser("all", help="the whole CPU suite → benchmarks/results/<machine>_<date>.json")
     p.add_argument("--out-dir", default=None)
