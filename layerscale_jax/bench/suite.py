@@ -674,9 +674,19 @@ def print_all(r: dict) -> None:
 # ---- command line ---------------------------------------------------------------------------------------------
 
 
-def _overrides(items):
+def _spec_parser(sub, name: str, **kwargs):
+    """A subcommand taking one train step's ``--model``, ``--batch``, ``--set KEY=VALUE`` and ``--json``."""
+    p = sub.add_parser(name, **kwargs)
+    p.add_argument("--model", default="deit3_small_patch16_224")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="model override, repeatable")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def _spec(args) -> StepSpec:
     from layerscale_jax.bench.cli import parse_overrides
-    return parse_overrides(items)
+    return StepSpec(model=args.model, batch=args.batch, overrides=parse_overrides(args.set))
 
 
 def add_subcommands(sub) -> None:
@@ -742,25 +752,13 @@ def add_subcommands(sub) -> None:
     p.set_defaults(run=lambda a: bench_xla_options(a.options.split(",") if a.options else None,
                                                    repeats=a.repeats), show=print_xla_options)
 
-    p = sub.add_parser("page_faults", help="the train step with and without glibc's huge-page malloc")
-    p.add_argument("--model", default="deit3_small_patch16_224")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p = _spec_parser(sub, "page_faults", help="the train step with and without glibc's huge-page malloc")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(run=lambda a: bench_page_faults(StepSpec(model=a.model, batch=a.batch,
-                                                            overrides=_overrides(a.set)), a.rounds),
-                   show=print_page_faults)
+    p.set_defaults(run=lambda a: bench_page_faults(_spec(a), a.rounds), show=print_page_faults)
 
-    p = sub.add_parser("page_fault_probe", help=argparse.SUPPRESS)
-    p.add_argument("--model", default="deit3_small_patch16_224")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p = _spec_parser(sub, "page_fault_probe", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(run=lambda a: page_fault_probe(StepSpec(model=a.model, batch=a.batch,
-                                                           overrides=_overrides(a.set)), a.steps),
-                   show=print)
+    p.set_defaults(run=lambda a: page_fault_probe(_spec(a), a.steps), show=print)
 
     p = sub.add_parser("report", help="the README Performance table (markdown) from a results file")
     p.add_argument("results_json")
