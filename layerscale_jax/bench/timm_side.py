@@ -6,8 +6,9 @@ torch and timm are imported here only, lazily; without them ``prepare`` says so 
 torch gets the same number of threads as XLA's CPU thread pool.
 
 On the CPU the timm side runs in its own worker process (``prepare_worker``), driven step by step from the
-benchmark so the two sides still alternate: sharing one process slowed XLA's step by about 15% on the development
-CPU (two runtimes' allocators and thread pools in one address space), which would bias the ratio against ours.
+benchmark so the two sides still alternate: in development runs, sharing one process made XLA's step visibly slower
+than the same step alone (two runtimes' allocators and thread pools in one address space), which would bias the
+ratio against ours.
 """
 from __future__ import annotations
 
