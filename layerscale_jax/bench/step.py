@@ -87,17 +87,18 @@ def uses_drop_path(cfg) -> bool:
     return cfg.drop_path_rate > 0
 
 
-def xla_flops(compiled) -> float | None:
-    """Total FLOPs in XLA's cost analysis of a compiled executable (None where the backend has none)."""
+def xla_cost(compiled, key: str = "flops") -> float | None:
+    """One entry (``"flops"``, ``"bytes accessed"``) of XLA's cost analysis of a compiled executable (None where
+    the backend has none)."""
     try:
         cost = compiled.cost_analysis()
     except Exception:  # noqa: BLE001
         return None
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else None
-    if not cost or "flops" not in cost:
+    if not cost or key not in cost:
         return None
-    return float(cost["flops"])
+    return float(cost[key])
 
 
 class CompiledStep:
@@ -132,7 +133,7 @@ class CompiledStep:
         """The analytic count and XLA's. XLA's cost analysis counts a while loop's body once, so with scanned
         layers it misses ``depth - 1`` blocks: there it is reported as ``None`` (with the raw value aside)."""
         analytic = flops_lib.train_step_flops(self.cfg, self.spec.batch)
-        xla = xla_flops(self.compiled)
+        xla = xla_cost(self.compiled)
         out = {"flops_analytic": analytic, "flops_xla": xla,
                "flops_xla_over_analytic": None if not xla else xla / analytic}
         if self.spec.scan and xla:

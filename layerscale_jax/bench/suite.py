@@ -21,7 +21,7 @@ import numpy as np
 from layerscale_jax.bench import timing
 from layerscale_jax.bench.step import (CompiledStep, StepSpec, init_state, make_optimizer, make_step_fn,
                                        describe, measure_train_step, prepare, synthetic_batch,
-                                       uses_drop_path)
+                                       uses_drop_path, xla_cost)
 
 # The model of the depth ablations (configs/digits_layerscale.py): 8×8×1 digits, patch 2, width 64, 4 heads.
 ABLATION = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=64, num_heads=4,
@@ -110,13 +110,18 @@ def _run_subprocess(args: list[str], timeout: float) -> dict:
     return _run_with(sys.executable, args, timeout)
 
 
+def bench_env(extra: dict | None = None) -> dict:
+    """This process's environment (plus ``extra``) with the repository on ``PYTHONPATH``, for bench subprocesses."""
+    env = dict(os.environ, **(extra or {}))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
 def _run_with(python: str, args: list[str], timeout: float, env: dict | None = None) -> dict:
     """``python -m layerscale_jax.bench ARGS`` in a fresh process (``env`` added to this one's environment); its
     last JSON line (or ``{"error": ...}``)."""
-    env = dict(os.environ, **(env or {}))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.run([python, "-m", "layerscale_jax.bench", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=str(REPO))
+                          timeout=timeout, env=bench_env(env), cwd=str(REPO))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-800:]}"}
@@ -201,7 +206,7 @@ def bench_layerscale(cases=None, repeats: int = 15) -> dict:
                      "overhead_ratio_of_medians": ls / none - 1, "paired_ratios": pairs,
                      "layerscale": stats["layerscale"], "none": stats["none"],
                      "flops_xla": {k: s.flops()["flops_xla"] for k, s in steps.items()},
-                     "bytes_accessed_xla": {k: _bytes_accessed(s) for k, s in steps.items()},
+                     "bytes_accessed_xla": {k: xla_cost(s.compiled, "bytes accessed") for k, s in steps.items()},
                      "temp_bytes_xla": {k: s.memory().get("temp_size_in_bytes") for k, s in steps.items()}})
         b = rows[-1]["bytes_accessed_xla"]
         rows[-1]["bytes_accessed_overhead"] = b["layerscale"] / b["none"] - 1 if b["none"] else None
@@ -209,15 +214,6 @@ def bench_layerscale(cases=None, repeats: int = 15) -> dict:
     out = {"benchmark": "layerscale", "rows": rows, "target_overhead": 0.02,
            "target_met": all(r["overhead"] <= 0.02 for r in rows)}
     return _stamp(out)
-
-
-def _bytes_accessed(step: CompiledStep) -> float | None:
-    try:
-        cost = step.compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        return float(cost["bytes accessed"])
-    except Exception:  # noqa: BLE001
-        return None
 
 
 def print_layerscale(r: dict) -> None:

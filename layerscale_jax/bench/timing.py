@@ -154,16 +154,22 @@ def torch_matmul_peak(dtype: str = "float32", n: int = 2048, device: str = "cpu"
 # ---- memory -------------------------------------------------------------------------------------------------
 
 
-def peak_rss_bytes() -> int:
-    """The process's peak resident set size (``VmHWM``) in bytes."""
+def _proc_status_bytes(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``) in bytes; None where there is none."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:  # pragma: no cover - not Linux
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size (``VmHWM``) in bytes."""
+    peak = _proc_status_bytes("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def malloc_trim() -> None:
@@ -176,14 +182,7 @@ def malloc_trim() -> None:
 
 
 def current_rss_bytes() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # pragma: no cover
-        pass
-    return 0
+    return _proc_status_bytes("VmRSS") or 0
 
 
 def reset_peak_rss() -> bool:

@@ -13,7 +13,6 @@ ratio against ours.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -124,19 +123,17 @@ def prepare_worker(spec, *, adamw: str = "default") -> dict:
     worker a step count and waiting until it has run them."""
     import dataclasses
     import importlib.util
-    from layerscale_jax.bench.suite import REPO
+    from layerscale_jax.bench.suite import REPO, bench_env
     missing = [m for m in ("torch", "timm") if importlib.util.find_spec(m) is None]
     if missing:
         return {"run": None, "timm_skipped": f"{' and '.join(missing)} not importable; timm side skipped"}
     kwargs, why = timm_kwargs(spec)
     if kwargs is None:
         return {"run": None, "timm_skipped": why}
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["JAX_PLATFORMS"] = "cpu"
     proc = subprocess.Popen([sys.executable, "-m", "layerscale_jax.bench", "timm_worker",
                              json.dumps({"spec": dataclasses.asdict(spec), "adamw": adamw})],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(REPO))
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=bench_env({"JAX_PLATFORMS": "cpu"}), cwd=str(REPO))
     line = proc.stdout.readline()
     if not line:
         proc.wait()
