@@ -80,6 +80,12 @@ class Attention(nnx.Module):
         return linear(self.proj, fused_qkv_attention(qkv).reshape(b * n, d), out_scale).reshape(b, n, d)
 
 
+def _dense_float32(layer: nnx.Linear, x: jnp.ndarray) -> jnp.ndarray:
+    """``x W + b`` with ``x``, the kernel and the bias in float32 (whatever the layer's compute dtype)."""
+    y = jnp.matmul(x.astype(jnp.float32), layer.kernel[...].astype(jnp.float32), precision=layer.precision)
+    return y + layer.bias[...].astype(jnp.float32) if layer.bias is not None else y
+
+
 class TalkingHeadsAttention(nnx.Module):
     """Talking-heads attention (Shazeer et al. 2020, used in CaiT's self-attention stage).
 
@@ -87,6 +93,10 @@ class TalkingHeadsAttention(nnx.Module):
     weights across heads after it (``proj_w``):
 
         A = softmax(P_l · (q kᵀ / √d_h)) ;  A' = P_w · A ;  out = W_o · concat_h A'_h v_h
+
+    The logits, both head mixings and the softmax are computed in float32 whatever the compute dtype (as
+    ``fused_qkv_attention`` keeps standard attention's logits): in bfloat16 the mixing would round logits whose
+    differences the softmax exponentiates. Only the product with ``v`` runs in the compute dtype.
     """
 
     def __init__(self, dim: int, num_heads: int, *, qkv_bias: bool = True, dtype=jnp.float32,
@@ -102,10 +112,10 @@ class TalkingHeadsAttention(nnx.Module):
         b, n, d = x.shape
         qkv = self.qkv(x.reshape(b * n, d)).reshape(b, n, 3, self.num_heads, d // self.num_heads)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        logits = jnp.einsum("bqhd,bkhd->bqkh", q * self.scale, k)   # heads last, so the mixing is a Dense
-        logits = self.proj_l(logits)
-        weights = jax.nn.softmax(logits.astype(jnp.float32), axis=2).astype(logits.dtype)
-        weights = self.proj_w(weights)
+        # heads last, so each mixing is a (heads × heads) Dense applied in float32
+        logits = jnp.einsum("bqhd,bkhd->bqkh", q * self.scale, k, preferred_element_type=jnp.float32)
+        weights = jax.nn.softmax(_dense_float32(self.proj_l, logits), axis=2)
+        weights = _dense_float32(self.proj_w, weights).astype(v.dtype)
         out = jnp.einsum("bqkh,bkhd->bqhd", weights, v)
         return linear(self.proj, out.reshape(b * n, d), out_scale).reshape(b, n, d)
 
