@@ -12,6 +12,7 @@ INSTALL_REQUIRES = [
     "numpy>=1.26",
     "safetensors>=0.4",
     "tensorboardX>=2.6",
+    "tensorboard==2.21.0",          # the viewer for the event files the train job writes (`tensorboard --logdir`)
     "matplotlib>=3.8",
     # Data: TFDS reads prepared array_record data with grain (no TensorFlow at read time);
     # tensorflow-cpu is needed to *prepare* datasets (including the offline `digits` default).
