@@ -227,8 +227,8 @@ def test_auto_init_values_apply_the_cait_rule_to_layerscale_and_scalar():
     assert resolve_init_value("layerscale", 3e-4, 24) == 3e-4
 
 
-@pytest.mark.parametrize("kind", ["rezero", "skipinit"])
-def test_rezero_and_skipinit_resolve_to_zero_whatever_init_values_say(kind):
+@pytest.mark.parametrize("kind", ["scalar_zero", "rezero", "skipinit"])
+def test_zero_init_scalings_resolve_to_zero_whatever_init_values_say(kind):
     assert resolve_init_value(kind, "auto", 12) == 0.0
     assert resolve_init_value(kind, 0.1, 12) == 0.0
 
@@ -260,14 +260,21 @@ def test_scalar_block_has_one_alpha_per_branch_initialised_to_epsilon():
     assert not any("gamma" in name for name in params)
 
 
-def test_rezero_block_has_no_layernorm_and_zero_alphas_even_when_given_an_init_value():
+def test_rezero_block_has_no_layernorm_and_one_zero_alpha_shared_by_both_branches():
     params = param_paths(block("rezero"))
+    assert not any(name.startswith(("norm1", "norm2")) for name in params)
+    assert [name for name in params if name.startswith("ls")] == ["ls1/alpha"]
+    assert float(params["ls1/alpha"]) == 0.0
+
+
+def test_skipinit_block_has_no_normalisation_and_a_zero_alpha_per_branch_even_when_given_an_init_value():
+    params = param_paths(block("skipinit"))
     assert not any(name.startswith(("norm1", "norm2")) for name in params)
     assert float(params["ls1/alpha"]) == 0.0 and float(params["ls2/alpha"]) == 0.0
 
 
-def test_skipinit_block_keeps_layernorm_and_has_zero_alphas_even_when_given_an_init_value():
-    params = param_paths(block("skipinit"))
+def test_scalar_zero_block_keeps_layernorm_and_has_a_zero_alpha_per_branch_even_when_given_an_init_value():
+    params = param_paths(block("scalar_zero"))
     assert {"norm1/scale", "norm1/bias", "norm2/scale", "norm2/bias"} <= set(params)
     assert float(params["ls1/alpha"]) == 0.0 and float(params["ls2/alpha"]) == 0.0
 
@@ -278,7 +285,7 @@ def test_none_block_has_no_scale_parameters():
     assert {"norm1/scale", "norm2/scale"} <= set(params)
 
 
-@pytest.mark.parametrize("kind", ["rezero", "skipinit"])
+@pytest.mark.parametrize("kind", ["scalar_zero", "rezero", "skipinit"])
 def test_zero_initialised_scalings_make_the_block_the_identity_at_init(kind):
     x = tokens()
     np.testing.assert_array_equal(apply(block(kind, init_value=0.1), x), x)

@@ -34,14 +34,49 @@ def test_sam_gradient_is_taken_at_the_perturbed_point_and_loss_at_the_original()
     assert loss == loss0 and aux["sum"] == aux0["sum"]
 
 
-def test_asam_scales_the_perturbation_by_weight_magnitude():
+NAMED = {"kernel": jnp.array([0.3, -0.2, 0.0]), "bias": jnp.array([[1.0, 0.0]])}   # a zero in each
+
+
+def named_quadratic(params):
+    """L = ½ Σ a·w² over a kernel and a bias (ASAM treats them differently)."""
+    a = {"kernel": A["w"], "bias": A["b"]}
+    loss = sum(0.5 * jnp.sum(a[k] * params[k] ** 2) for k in params)
+    return (loss, {}), {k: a[k] * params[k] for k in params}
+
+
+@pytest.mark.parametrize("eta", [0.01, 0.0, 0.3])
+def test_asam_perturbs_kernels_by_abs_w_plus_eta_squared_and_biases_unscaled(eta):
+    """Official ASAM (SamsungLabs/ASAM): T_w = |w| + η on 'weight' tensors, T_w = 1 on biases;
+    ε = ρ T_w² g / ‖T_w g‖, written out by hand here."""
     rho = 0.5
-    (_, _), grads = jax.jit(lambda p: optim.sam_gradients(quadratic, p, rho=rho, adaptive=True))(PARAMS)
-    (_, _), g = jax.jit(quadratic)(PARAMS)
-    norm = global_norm({k: np.abs(PARAMS[k]) * g[k] for k in g})
-    for k in PARAMS:
-        eps = rho * np.square(PARAMS[k]) * g[k] / norm
-        np.testing.assert_allclose(grads[k], A[k] * (PARAMS[k] + eps), rtol=1e-6)
+    (_, _), grads = jax.jit(lambda p: optim.sam_gradients(named_quadratic, p, rho=rho, adaptive=True,
+                                                          eta=eta))(NAMED)
+    w = {k: np.asarray(v, np.float64) for k, v in NAMED.items()}
+    a = {"kernel": np.array([1.0, 2.0, 3.0]), "bias": np.array([[0.5, -1.0]])}
+    g = {k: a[k] * w[k] for k in w}
+    t = {"kernel": np.abs(w["kernel"]) + eta, "bias": np.ones_like(w["bias"])}
+    norm = global_norm({k: t[k] * g[k] for k in g})
+    for k in w:
+        eps = rho * t[k] ** 2 * g[k] / norm
+        np.testing.assert_allclose(grads[k], a[k] * (w[k] + eps), rtol=1e-6, atol=1e-12)
+
+
+def test_asam_eta_moves_a_weight_that_is_exactly_zero():
+    """With η > 0 a zero kernel entry (e.g. a zero-initialised gate) is perturbed along its gradient; with η = 0 not."""
+    params = {"kernel": jnp.array([0.0, 1.0])}
+
+    def loss_and_grad(p):          # L = Σ (w − c)², gradient non-zero at w = 0; ∇ at the perturbed point reveals ε
+        c = jnp.array([1.0, 0.5])
+        return (jnp.sum((p["kernel"] - c) ** 2), {}), {"kernel": 2.0 * (p["kernel"] - c)}
+
+    for eta, moved in ((0.01, True), (0.0, False)):
+        (_, _), grads = optim.sam_gradients(loss_and_grad, params, rho=0.1, adaptive=True, eta=eta)
+        assert (float(grads["kernel"][0]) != -2.0) is moved
+
+
+def test_negative_sam_eta_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="sam_eta=-0.1"):
+        optim.sam_gradients(quadratic, PARAMS, rho=0.1, adaptive=True, eta=-0.1)
 
 
 def test_sam_with_zero_rho_is_the_plain_gradient_and_jits():

@@ -10,6 +10,10 @@ Class-attention block (CaiT's second stage), updating only the class token::
     x_cls'  = x_cls  + DropPath(S1(CA(LN([x_cls, x_patches]))))
     x_cls'' = x_cls' + DropPath(S2(MLP(LN(x_cls'))))
 
+ReZero (``branch_scaling="rezero"``) has one α per block: ``ls1`` scales both branches and there is no ``ls2``.
+``forward(...)`` also returns the ratio ``‖S_k(f_k(·))‖ / ‖x‖`` of each branch to the stream it is added to (the
+per-block diagnostics of ``layerscale_jax.train.diagnostics``); ``__call__`` drops it, and XLA removes its cost.
+
 The residual stream ``x`` is float32; the branches compute in ``dtype`` and the scaling and the add are float32.
 A learned scale (LayerScale's λ, a scalar α) is folded into the branch's output layer, ``x (W diag λ) + λ ⊙ b``
 (``layers.common.linear``): the same function, whose backward pass has no extra pass over the tokens.
@@ -27,7 +31,14 @@ from flax import nnx
 from layerscale_jax.layers.attention import Attention, ClassAttention, TalkingHeadsAttention
 from layerscale_jax.layers.common import Mlp, layer_norm
 from layerscale_jax.layers.drop_path import DropPath
-from layerscale_jax.layers.scaling import keeps_layernorm, make_branch_scale
+from layerscale_jax.layers.scaling import keeps_layernorm, make_branch_scale, shares_scale_across_branches
+
+
+def branch_to_stream_ratio(branch: jnp.ndarray, stream: jnp.ndarray) -> jnp.ndarray:
+    """``‖S·f(LN(x))‖ / ‖x‖``: Frobenius norms over every sample, token and channel, float32 (0 when ‖x‖ = 0)."""
+    num = jnp.sqrt(jnp.sum(jnp.square(branch.astype(jnp.float32))))
+    den = jnp.sqrt(jnp.sum(jnp.square(stream.astype(jnp.float32))))
+    return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
 
 
 class _ScaledResidualBlock(nnx.Module):
@@ -41,6 +52,10 @@ class _ScaledResidualBlock(nnx.Module):
     def _scaled(branch, scale, h):
         """``S(branch(h))`` in float32, the scale ``S`` folded into the branch's output layer."""
         return branch(h, out_scale=scale.factor()).astype(jnp.float32)
+
+    def _second_scale(self):
+        """The MLP branch's scale: ``ls2``, or ReZero's single per-block α (``ls1``)."""
+        return self.ls1 if self.ls2 is None else self.ls2
 
     def _drop(self, branch, batch, key, rate):
         """DropPath of a token-matrix branch: whole samples are dropped, so it acts on the ``(batch, -1, dim)`` view."""
@@ -62,17 +77,25 @@ class Block(_ScaledResidualBlock):
         self.ls1 = make_branch_scale(branch_scaling, dim, init_value)
         self.norm2 = layer_norm(dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if norm else None
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.ls2 = make_branch_scale(branch_scaling, dim, init_value)
+        self.ls2 = None if shares_scale_across_branches(branch_scaling) else make_branch_scale(
+            branch_scaling, dim, init_value)
         self.drop_path = DropPath(drop_path)
 
-    def __call__(self, x: jnp.ndarray, key: jax.Array | None = None, drop_path_rate=None) -> jnp.ndarray:
+    def forward(self, x: jnp.ndarray, key: jax.Array | None = None, drop_path_rate=None):
+        """``(x'', ratios)`` with ``ratios = [‖S1·Attn‖/‖x‖, ‖S2·MLP‖/‖x'‖]`` (float32, shape ``(2,)``)."""
         k1, k2 = self._keys(key)
         b, n, d = x.shape
         x = x.reshape(b * n, d)
         attn = self._scaled(self.attn, self.ls1, self._norm(self.norm1, x).reshape(b, n, d)).reshape(b * n, d)
+        ratio1 = branch_to_stream_ratio(attn, x)
         x = x + self._drop(attn, b, k1, drop_path_rate)
-        x = x + self._drop(self._scaled(self.mlp, self.ls2, self._norm(self.norm2, x)), b, k2, drop_path_rate)
-        return x.reshape(b, n, d)
+        mlp = self._scaled(self.mlp, self._second_scale(), self._norm(self.norm2, x))
+        ratio2 = branch_to_stream_ratio(mlp, x)
+        x = x + self._drop(mlp, b, k2, drop_path_rate)
+        return x.reshape(b, n, d), jnp.stack([ratio1, ratio2])
+
+    def __call__(self, x: jnp.ndarray, key: jax.Array | None = None, drop_path_rate=None) -> jnp.ndarray:
+        return self.forward(x, key, drop_path_rate)[0]
 
 
 class ClassAttentionBlock(_ScaledResidualBlock):
@@ -89,12 +112,21 @@ class ClassAttentionBlock(_ScaledResidualBlock):
         self.ls1 = make_branch_scale(branch_scaling, dim, init_value)
         self.norm2 = layer_norm(dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if norm else None
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.ls2 = make_branch_scale(branch_scaling, dim, init_value)
+        self.ls2 = None if shares_scale_across_branches(branch_scaling) else make_branch_scale(
+            branch_scaling, dim, init_value)
         self.drop_path = DropPath(drop_path)
 
-    def __call__(self, x_cls: jnp.ndarray, x_patches: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
+    def forward(self, x_cls: jnp.ndarray, x_patches: jnp.ndarray, key: jax.Array | None = None):
+        """``(x_cls'', ratios)``: the updated class token and its two branch-to-stream ratios, as ``Block.forward``."""
         k1, k2 = self._keys(key)
         tokens = jnp.concatenate([x_cls, x_patches], axis=1)
-        x_cls = x_cls + self.drop_path(self._scaled(self.attn, self.ls1, self._norm(self.norm1, tokens)), k1)
-        x_cls = x_cls + self.drop_path(self._scaled(self.mlp, self.ls2, self._norm(self.norm2, x_cls)), k2)
-        return x_cls
+        attn = self._scaled(self.attn, self.ls1, self._norm(self.norm1, tokens))
+        ratio1 = branch_to_stream_ratio(attn, x_cls)
+        x_cls = x_cls + self.drop_path(attn, k1)
+        mlp = self._scaled(self.mlp, self._second_scale(), self._norm(self.norm2, x_cls))
+        ratio2 = branch_to_stream_ratio(mlp, x_cls)
+        x_cls = x_cls + self.drop_path(mlp, k2)
+        return x_cls, jnp.stack([ratio1, ratio2])
+
+    def __call__(self, x_cls: jnp.ndarray, x_patches: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
+        return self.forward(x_cls, x_patches, key)[0]

@@ -9,15 +9,28 @@ residual branch of a pre-norm block by a learnable diagonal matrix:
 with every λ initialised to a small constant ε (ε = 0.1 up to depth 18, 1e-5 at depth 24, 1e-6 deeper), so a deep
 stack starts close to the identity.
 
-The branch-scaling kinds offered for like-for-like ablations (``branch_scaling=`` on every model):
+The branch-scaling kinds offered for like-for-like ablations (``branch_scaling=`` on every model), for the two
+branches ``f₁ = SA`` and ``f₂ = FFN`` of a block:
 
-- ``none``       plain pre-norm residual ``x + f(LN(x))``.
-- ``layerscale`` per-channel λ ∈ R^D initialised to ε (CaiT).
-- ``scalar``     one learnable scalar α per branch initialised to ε (the per-layer scalar the CaiT paper ablates).
-- ``rezero``     one scalar α per branch initialised to 0, LayerNorm removed: ``x + α · f(x)``
-                 (Bachlechner et al., "ReZero is All You Need", 2020).
-- ``skipinit``   one scalar α per branch initialised to 0, LayerNorm kept: ``x + α · f(LN(x))``
-                 (De & Smith, "Batch Normalization Biases Residual Blocks Towards the Identity Function", 2020).
+- ``none``         plain pre-norm residual ``x + f(LN(x))``.
+- ``layerscale``   ``x + diag(λ) · f(LN(x))``, λ ∈ R^D initialised to ε (CaiT).
+- ``scalar``       ``x + α · f(LN(x))``, one learnable scalar α per branch initialised to ε (the per-layer scalar
+                   the CaiT paper compares LayerScale with: "normalisation kept, scalar").
+- ``scalar_zero``  ``x + α · f(LN(x))``, one scalar α per branch initialised to 0, LayerNorm kept: the same
+                   family with a zero start (what ``skipinit`` used to mean here before it followed De & Smith).
+- ``rezero``       ``x + α · f(x)``, no LayerNorm, ONE scalar α per block shared by its two branches, initialised
+                   to 0 (Bachlechner et al., "ReZero is All You Need", 2020: "a single additional learned
+                   parameter per layer"; the official ``RZTXEncoderLayer`` multiplies both sublayers by the same
+                   ``resweight``).
+- ``skipinit``     ``x + α · f(x)``, no normalisation, one scalar α per branch at the end of the branch,
+                   initialised to 0 (De & Smith, "Batch Normalization Biases Residual Blocks Towards the Identity
+                   Function in Deep Networks", 2020: the zero-initialised multiplier *replaces* the normalisation).
+
+Fixup and T-Fixup (the CaiT paper's other "no normalisation" baselines) are not offered: both are initialisation
+rules tied to a particular architecture (T-Fixup rescales the value/output/FFN weights by ``(9N)^(-1/4)`` and the
+input embedding by a data-dependent factor, and is defined for encoder-decoder Transformers without a class token),
+not a branch multiplier, so they cannot be expressed as a ``branch_scaling`` without a second initialisation path
+through every model.
 
 The multiplier is always stored and applied in float32, so with bfloat16 compute the residual stream stays float32.
 """
@@ -28,7 +41,9 @@ from typing import Union
 import jax.numpy as jnp
 from flax import nnx
 
-BRANCH_SCALINGS = ("none", "layerscale", "scalar", "rezero", "skipinit")
+BRANCH_SCALINGS = ("none", "layerscale", "scalar", "scalar_zero", "rezero", "skipinit")
+ZERO_INIT_SCALINGS = ("scalar_zero", "rezero", "skipinit")          # α = 0 by definition
+NO_LAYERNORM_SCALINGS = ("rezero", "skipinit")                     # the branch LayerNorm is removed
 
 InitValues = Union[float, str, None]
 
@@ -44,7 +59,7 @@ def cait_init_value(depth: int) -> float:
 
 def resolve_init_value(branch_scaling: str, init_values: InitValues, depth: int) -> float:
     """The initial value of the branch multiplier for ``branch_scaling`` (``"auto"`` applies the CaiT rule)."""
-    if branch_scaling in ("rezero", "skipinit"):
+    if branch_scaling in ZERO_INIT_SCALINGS:
         return 0.0
     if branch_scaling == "none":
         return 1.0
@@ -80,7 +95,8 @@ class LayerScale(nnx.Module):
 
 
 class ScalarScale(nnx.Module):
-    """One learnable scalar for the whole branch: ``y = α · x`` (``scalar``, ReZero, SkipInit), kept in float32."""
+    """One learnable scalar for the whole branch: ``y = α · x`` (``scalar``, ``scalar_zero``, ReZero, SkipInit),
+    kept in float32."""
 
     def __init__(self, init_value: float):
         self.alpha = nnx.Param(jnp.full((), init_value, dtype=jnp.float32))
@@ -105,7 +121,7 @@ class Identity(nnx.Module):
 def make_branch_scale(branch_scaling: str, dim: int, init_value: float) -> nnx.Module:
     if branch_scaling == "layerscale":
         return LayerScale(dim, init_value)
-    if branch_scaling in ("rezero", "skipinit"):
+    if branch_scaling in ZERO_INIT_SCALINGS:
         return ScalarScale(0.0)        # zero at init by definition, whatever init_value says
     if branch_scaling == "scalar":
         return ScalarScale(init_value)
@@ -113,5 +129,10 @@ def make_branch_scale(branch_scaling: str, dim: int, init_value: float) -> nnx.M
 
 
 def keeps_layernorm(branch_scaling: str) -> bool:
-    """ReZero removes the branch LayerNorm; every other kind keeps the pre-norm."""
-    return branch_scaling != "rezero"
+    """ReZero and SkipInit remove the branch LayerNorm; every other kind keeps the pre-norm."""
+    return branch_scaling not in NO_LAYERNORM_SCALINGS
+
+
+def shares_scale_across_branches(branch_scaling: str) -> bool:
+    """ReZero has one α per block, used by both branches (the block then holds ``ls1`` only)."""
+    return branch_scaling == "rezero"

@@ -69,14 +69,22 @@ class CaiT(nnx.Module):
 
     def forward_features(self, images: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
         """``[class token, patch tokens]`` after both stages, ``(batch, 1 + num_patches, dim)`` float32."""
+        return self.forward_features_with_stats(images, key)[0]
+
+    def forward_features_with_stats(self, images: jnp.ndarray, key: jax.Array | None = None):
+        """``(tokens, {"blocks": (depth, 2), "blocks_token_only": (depth_token_only, 2)})``: ``forward_features``
+        and each block's branch-to-stream ratios."""
         cfg = self.cfg
         x = embed_patches(self, images)
-        x = run_stack(self.blocks, x, depth=cfg.depth, scan_layers=cfg.scan_layers, remat=cfg.remat,
-                      key=None if self.deterministic else key, drop_path_rates=self.drop_path_rates)
+        x, stats = run_stack(self.blocks, x, depth=cfg.depth, scan_layers=cfg.scan_layers, remat=cfg.remat,
+                             key=None if self.deterministic else key, drop_path_rates=self.drop_path_rates,
+                             return_stats=True)
         cls = class_tokens(self, x.shape[0])
+        token_only_stats = []
         for block in self.blocks_token_only:
-            cls = block(cls, x)
-        return jnp.concatenate([cls, x], axis=1)
+            cls, block_stats = block.forward(cls, x)
+            token_only_stats.append(block_stats)
+        return jnp.concatenate([cls, x], axis=1), {"blocks": stats, "blocks_token_only": jnp.stack(token_only_stats)}
 
     def forward_head(self, x: jnp.ndarray) -> jnp.ndarray:
         return self.head(self.norm(x[:, 0].astype(self.cfg.dtype))).astype(jnp.float32)

@@ -47,8 +47,12 @@ def _rematted(fn, remat: str, in_scan: bool):
 
 
 def run_stack(blocks, x: jnp.ndarray, *, depth: int, scan_layers: bool, remat: str,
-              key: jax.Array | None, drop_path_rates) -> jnp.ndarray:
-    """Apply the blocks in order. ``drop_path_rates`` has one rate per block (all zero: no stochastic depth)."""
+              key: jax.Array | None, drop_path_rates, return_stats: bool = False):
+    """Apply the blocks in order. ``drop_path_rates`` has one rate per block (all zero: no stochastic depth).
+
+    With ``return_stats=True`` returns ``(x, stats)``, ``stats`` stacking each block's ``forward`` statistics
+    (its branch-to-stream ratios) along a leading layer axis: ``(depth, 2)``.
+    """
     drop_path_rates = np.asarray(drop_path_rates, np.float32)
     keys = None if key is None else jax.random.split(key, depth)
     use_rates = bool(np.any(drop_path_rates > 0))
@@ -59,18 +63,21 @@ def run_stack(blocks, x: jnp.ndarray, *, depth: int, scan_layers: bool, remat: s
         def body(carry, layer):
             layer_state, layer_key, rate = layer
             block = nnx.merge(graphdef, layer_state)
-            return block(carry, key=layer_key, drop_path_rate=rate if use_rates else 0.0), None
+            out, stats = block.forward(carry, key=layer_key, drop_path_rate=rate if use_rates else 0.0)
+            return out, (stats if return_stats else None)
 
         rates = jnp.asarray(drop_path_rates)
-        x, _ = jax.lax.scan(_rematted(body, remat, in_scan=True), x, (state, keys, rates))
-        return x
+        x, stats = jax.lax.scan(_rematted(body, remat, in_scan=True), x, (state, keys, rates))
+        return (x, stats) if return_stats else x
 
+    all_stats = []
     for i, block in enumerate(blocks):
         graphdef, state = nnx.split(block)
         rate = float(drop_path_rates[i])
 
         def apply(layer_state, carry, layer_key, graphdef=graphdef, rate=rate):
-            return nnx.merge(graphdef, layer_state)(carry, key=layer_key, drop_path_rate=rate)
+            return nnx.merge(graphdef, layer_state).forward(carry, key=layer_key, drop_path_rate=rate)
 
-        x = _rematted(apply, remat, in_scan=False)(state, x, None if keys is None else keys[i])
-    return x
+        x, stats = _rematted(apply, remat, in_scan=False)(state, x, None if keys is None else keys[i])
+        all_stats.append(stats)
+    return (x, jnp.stack(all_stats)) if return_stats else x

@@ -46,7 +46,8 @@ class VisionTransformer(nnx.Module):
         d, dt, pdt = cfg.embed_dim, cfg.dtype, cfg.param_dtype
         init_value = resolve_init_value(cfg.branch_scaling, cfg.init_values, cfg.depth)
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, dtype=dt, param_dtype=pdt, rngs=rngs)
-        self.cls_token = nnx.Param(trunc_normal_02(rngs.params(), (1, 1, d), pdt))
+        # timm: nn.init.normal_(cls_token, std=1e-6) (the official DeiT III code: trunc_normal 0.02)
+        self.cls_token = nnx.Param(nnx.initializers.normal(stddev=1e-6)(rngs.params(), (1, 1, d), pdt))
         self.pos_embed = nnx.Param(trunc_normal_02(rngs.params(), (1, cfg.num_patches, d), pdt))
 
         def make_block(block_rngs):
@@ -65,11 +66,17 @@ class VisionTransformer(nnx.Module):
 
     def forward_features(self, images: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
         """Tokens after the block stack, ``(batch, 1 + num_patches, dim)`` float32 (before the final norm)."""
+        return self.forward_features_with_stats(images, key)[0]
+
+    def forward_features_with_stats(self, images: jnp.ndarray, key: jax.Array | None = None):
+        """``(tokens, {"blocks": (depth, 2)})``: ``forward_features`` and each block's branch-to-stream ratios."""
         cfg = self.cfg
         x = embed_patches(self, images)
         x = jnp.concatenate([class_tokens(self, x.shape[0]), x], axis=1)
-        return run_stack(self.blocks, x, depth=cfg.depth, scan_layers=cfg.scan_layers, remat=cfg.remat,
-                         key=None if self.deterministic else key, drop_path_rates=self.drop_path_rates)
+        x, stats = run_stack(self.blocks, x, depth=cfg.depth, scan_layers=cfg.scan_layers, remat=cfg.remat,
+                             key=None if self.deterministic else key, drop_path_rates=self.drop_path_rates,
+                             return_stats=True)
+        return x, {"blocks": stats}
 
     def forward_head(self, x: jnp.ndarray) -> jnp.ndarray:
         if self.cfg.global_pool == "avg":

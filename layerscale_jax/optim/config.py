@@ -26,7 +26,10 @@ Fields (``default_config()``; override any of them from the command line, e.g. `
                             get zero updates and, unless only some layers of a stacked param match, no optimizer
                             state. Empty = train everything. Linear probe: ``('(?!head/).*',)``.
     sam_rho                 SAM neighbourhood radius (0 = off); used by the train step via ``sam_gradients``.
-    sam_adaptive            ASAM: scale the perturbation elementwise by |w| (needs sam_rho > 0).
+    sam_adaptive            ASAM: scale the perturbation elementwise by T_w = |w| + sam_eta (needs sam_rho > 0).
+    sam_eta                 ASAM's η ≥ 0 in T_w = |w| + η, applied to kernels and LayerNorm scales (0.01: the
+                            default of the paper's official code, SamsungLabs/ASAM); without it a weight that is
+                            exactly zero is never perturbed.
     accum_steps             micro-batches per optimizer step (1 = off); used by the train step via
                             ``accumulate_gradients``; must divide the per-step batch.
     ema_decay               EMA of the parameters for evaluation, ``ema ← d·ema + (1−d)·w`` (0 = off).
@@ -60,6 +63,7 @@ def default_config() -> ml_collections.ConfigDict:
         freeze=(),
         sam_rho=0.0,
         sam_adaptive=False,
+        sam_eta=0.01,
         accum_steps=1,
         ema_decay=0.0,
     ))
@@ -116,6 +120,7 @@ def validate_config(config, total_steps: int | None = None) -> None:
     _number(config, "layer_decay", 0.0, 1.0, low_open=True)
     _number(config, "layer_decay_min_scale", 0.0, 1.0)
     _number(config, "sam_rho", 0.0, inf)
+    _number(config, "sam_eta", 0.0, inf)
     _number(config, "ema_decay", 0.0, 1.0, high_open=True)
     if not isinstance(config.sam_adaptive, bool):
         raise ValueError(f"optim.sam_adaptive={config.sam_adaptive!r} must be a bool")

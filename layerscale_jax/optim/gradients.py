@@ -22,13 +22,32 @@ def _tree_norm(tree) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
+# ASAM's normalisation operator T_w applies to the parameters PyTorch calls ``weight`` (the official code tests
+# ``'weight' in name``): Linear / Conv kernels and LayerNorm scales here. Biases, LayerScale λ, scalar gates, the
+# class token and the position embedding get T_w = 1, as in the official code.
+ASAM_NORMALISED_LEAVES = ("kernel", "scale")
+ASAM_DEFAULT_ETA = 0.01
+
+
+def asam_operator(path, w: jax.Array, eta: float) -> jax.Array:
+    """ASAM's ``T_w`` for the parameter at ``path`` (an unrolled or stacked param path): ``|w| + η`` elementwise for
+    kernels and LayerNorm scales, 1 for every other parameter (SamsungLabs/ASAM ``asam.py``)."""
+    if path and path[-1] in ASAM_NORMALISED_LEAVES:
+        return jnp.abs(w.astype(jnp.float32)) + eta
+    return jnp.ones((), jnp.float32)
+
+
 def sam_gradients(loss_and_grad_fn: LossAndGradFn, params, *args, rho: float, adaptive: bool = False,
-                  trainable=None):
+                  eta: float = ASAM_DEFAULT_ETA, trainable=None):
     """Sharpness-aware minimisation (Foret et al., "Sharpness-Aware Minimization", 2021) within one step.
 
         g = ∇L(w) ;  ε = ρ · g / ‖g‖                          (SAM)
-                     ε = ρ · w² ⊙ g / ‖|w| ⊙ g‖              (ASAM, Kwon et al. 2021: ``adaptive=True``)
+                     ε = ρ · T_w² g / ‖T_w g‖                 (ASAM, Kwon et al. 2021: ``adaptive=True``)
         returns (L(w), aux(w)) and ∇L(w + ε)
+
+    ASAM's operator is ``T_w = |w| + η`` elementwise (η = 0.01 in the paper's official code, SamsungLabs/ASAM) for
+    the kernels and LayerNorm scales, and 1 for the other parameters (``asam_operator``): with η > 0 a weight that
+    is exactly zero is still perturbed. ``eta`` is ``optim.sam_eta``.
 
     The loss and aux are those at the original ``params``; the gradient is taken at the perturbed point (apply it
     to the original ``params``). ``args`` (batch, PRNG key, ...) are the same for both passes. ``trainable``
@@ -36,6 +55,8 @@ def sam_gradients(loss_and_grad_fn: LossAndGradFn, params, *args, rho: float, ad
     """
     if isinstance(rho, (int, float)) and rho < 0:
         raise ValueError(f"sam_rho={rho!r} must be ≥ 0")
+    if isinstance(eta, (int, float)) and eta < 0:
+        raise ValueError(f"sam_eta={eta!r} must be ≥ 0")
     (loss, aux), grads = loss_and_grad_fn(params, *args)
     if trainable is not None:
         keep: dict = {}
@@ -46,9 +67,9 @@ def sam_gradients(loss_and_grad_fn: LossAndGradFn, params, *args, rho: float, ad
     else:
         grads_for_eps = grads
     if adaptive:
-        norm = _tree_norm(jax.tree.map(lambda g, w: g * jnp.abs(w).astype(g.dtype), grads_for_eps, params))
-        direction = jax.tree.map(lambda g, w: g.astype(jnp.float32) * jnp.square(w.astype(jnp.float32)),
-                                 grads_for_eps, params)
+        operator = jax.tree_util.tree_map_with_path(lambda p, w: asam_operator(groups.param_path(p), w, eta), params)
+        norm = _tree_norm(jax.tree.map(lambda g, t: g.astype(jnp.float32) * t, grads_for_eps, operator))
+        direction = jax.tree.map(lambda g, t: g.astype(jnp.float32) * jnp.square(t), grads_for_eps, operator)
     else:
         norm = _tree_norm(grads_for_eps)
         direction = jax.tree.map(lambda g: g.astype(jnp.float32), grads_for_eps)
