@@ -2,9 +2,9 @@
 from setuptools import find_packages, setup
 
 INSTALL_REQUIRES = [
-    "jax==0.10.2",
-    "jaxlib==0.10.2",
-    "flax==0.12.8",
+    "jax==0.12.0.1",
+    "jaxlib==0.12.0.1",
+    "flax==0.12.12",
     "optax==0.2.8",
     "orbax-checkpoint==0.12.8",
     "ml-collections==1.1.0",
@@ -29,7 +29,7 @@ setup(
     version="0.1.0",
     description="LayerScale (CaiT) and deep Vision Transformers in JAX / Flax NNX",
     packages=find_packages(include=["layerscale_jax", "layerscale_jax.*"]),
-    python_requires=">=3.11",
+    python_requires=">=3.12",
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": ["pytest>=8.0"],

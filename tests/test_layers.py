@@ -16,9 +16,9 @@ from layerscale_jax.layers import (Block, ClassAttentionBlock, DropPath, LayerSc
 from layerscale_jax.layers.common import gelu
 
 DIM, HEADS, TOKENS, BATCH = 32, 2, 5, 2   # the width and heads of the tiny models in test_models.py
-# XLA:CPU compiles these tiny programs ~5x faster without backend optimisation and with the classic fusion
-# emitters; the tests check the models' mathematics, not XLA's optimisations.
-FAST_COMPILE = ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+# XLA:CPU compiles these tiny programs faster without backend optimisation; the tests check the models'
+# mathematics, not XLA's optimisations.
+FAST_COMPILE = ({"xla_backend_optimization_level": 0}
                 if jax.default_backend() == "cpu" else {})
 
 

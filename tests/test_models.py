@@ -25,9 +25,9 @@ FAMILIES = {"deit3": DEIT3, "cait": CAIT}
 TINY = dict(img_size=16, patch_size=4, embed_dim=32, num_heads=2, num_classes=10)
 BATCH = 2
 DEPTH = 2
-# XLA:CPU compiles these tiny programs ~5x faster without backend optimisation and with the classic fusion
-# emitters; the tests check the models' mathematics, not XLA's optimisations.
-FAST_COMPILE = ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+# XLA:CPU compiles these tiny programs faster without backend optimisation; the tests check the models'
+# mathematics, not XLA's optimisations.
+FAST_COMPILE = ({"xla_backend_optimization_level": 0}
                 if jax.default_backend() == "cpu" else {})
 
 

@@ -23,7 +23,6 @@ CANDIDATE_CPU_OPTIONS: dict[str, dict] = {
                    "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
     "fast_math": {"xla_cpu_enable_fast_math": True},
     "vector_width_512": {"xla_cpu_prefer_vector_width": 512},
-    "no_fusion_emitters": {"xla_cpu_use_fusion_emitters": False},
 }
 
 
