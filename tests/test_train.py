@@ -64,7 +64,7 @@ def final_params(workdir, config=None):
     mesh = shard_lib.make_mesh(config.train.mesh)
     trainer = loop_lib.create_trainer(config, mesh)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=10)
-    step, state, _ = checkpointer.restore(trainer.abstract_state, step=STEPS)
+    step, state, _, _ = checkpointer.restore(trainer.abstract_state, step=STEPS)
     checkpointer.close()
     return jax.device_get(state["params"])
 
@@ -220,7 +220,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(reference_run, tmp
                 f.write(b"garbage")
     trainer = loop_lib.create_trainer(tiny_config(f"steps={STEPS}"), shard_lib.make_mesh({"data": -1}))
     with caplog.at_level("WARNING"):
-        step, state, data_state = checkpointer.restore(trainer.abstract_state)
+        step, state, data_state, _ = checkpointer.restore(trainer.abstract_state)
     checkpointer.close()
     assert step == steps[-2]
     assert f"checkpoint at step {STEPS}" in caplog.text
@@ -241,7 +241,7 @@ def _exploding_config(mode):
 
 def test_nonfinite_loss_stops_the_run_naming_step_and_checkpoint(tmp_path):
     workdir = str(tmp_path / "nan")
-    with pytest.raises(loop_lib.NonFiniteError, match=r"non-finite loss or gradient norm at step \d+"):
+    with pytest.raises(loop_lib.NonFiniteError, match=r"non-finite loss, gradient norm or update at step \d+"):
         loop_lib.train_and_evaluate(_exploding_config("raise"), workdir)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=10)
     trainer = loop_lib.create_trainer(_exploding_config("raise"), shard_lib.make_mesh({"data": -1}))

@@ -4,8 +4,10 @@ Order (train). The global stream is a sequence of positions q = 0, 1, 2, ...; po
 `perm_e[q mod N]` of epoch e = q // N, where perm_e is a permutation of the N train records seeded by (seed, e), so
 every epoch visits every record once, reshuffled per epoch, and batches run on across epoch boundaries (an infinite
 stream has no remainder to drop). Global batch j is positions [j G, (j + 1) G); process p of P reads only its slice
-[j G + p b, j G + (p + 1) b), b = G / P. The batches an example lands in therefore do not depend on the number of
-processes, and the processes' slices of a global batch are disjoint and cover it.
+[j G + p b, j G + (p + 1) b), b = G / P; in general a process reads the rows [lo, hi) of each global batch that its
+devices hold (`rows`, derived from the batch sharding by the train loop: processes whose devices hold the same rows,
+e.g. tensor parallelism spanning processes, read the same data). The batches an example lands in therefore do not
+depend on the number of processes.
 
 Randomness. Batch j's augmentation parameters are drawn from a generator seeded by (seed, j) for all G images of
 the global batch, and each process uses its slice; per-image crops use a generator seeded by (seed, q). So batches
@@ -202,13 +204,10 @@ def _build_cache(records, element_fn):
 
 @dataclasses.dataclass
 class _Geometry:
+    """This process reads rows [lo, lo + per_process) of every global batch."""
     global_batch: int
     per_process: int
-    process_index: int
-
-    @property
-    def lo(self):
-        return self.process_index * self.per_process
+    lo: int
 
     def positions(self, j):
         return j * self.global_batch + self.lo + np.arange(self.per_process, dtype=np.int64)
@@ -447,13 +446,12 @@ class TrainIterator:
                     f"iterator state has {field}={state.get(field)!r} but this iterator has {self._meta[field]!r}"
                 )
         offset = int(state["offset"])
-        if offset:  # A partly used batch: only this process's slice of it is meaningful.
-            for field in ("process_index", "process_count"):
-                if state.get(field) != self._meta[field]:
-                    raise ValueError(
-                        f"iterator state with a partly used batch (offset={offset}) has {field}="
-                        f"{state.get(field)!r}, this iterator has {self._meta[field]!r}"
-                    )
+        if offset and state.get("rows") != self._meta["rows"]:
+            # A partly used batch (records were skipped): only the rows this state was read with are meaningful.
+            raise ValueError(
+                f"iterator state with a partly used batch (offset={offset}) was saved for rows "
+                f"{state.get('rows')!r} of each global batch; this iterator reads rows {self._meta['rows']!r}"
+            )
         self._start(int(state["next_batch"]), int(state["bad_records"]))
         if offset:
             self._pull()
@@ -520,14 +518,27 @@ class EvalIterator:
             pass
 
 
-def _processes(global_batch_size, process_index, process_count):
+def _rows(global_batch_size, process_index, process_count, rows):
+    """The rows ``(lo, hi)`` of each global batch that this process reads.
+
+    ``rows`` is given by the train loop, derived from the batch sharding (``data.sharding.process_batch_rows``): when
+    the mesh's batch axes do not span the processes, several processes read the same rows. Otherwise process ``p``
+    of ``P`` reads ``[p b, (p + 1) b)``, ``b = G / P`` (default: this JAX process of all of them).
+    """
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
+        raise ValueError(f"global_batch_size must be a positive int, got {global_batch_size!r}")
+    if rows is not None:
+        if process_index is not None or process_count is not None:
+            raise ValueError("give either rows or process_index/process_count, not both")
+        lo, hi = (int(r) for r in rows)
+        if not 0 <= lo < hi <= global_batch_size:
+            raise ValueError(f"rows={tuple(rows)!r} must satisfy 0 <= lo < hi <= global_batch_size={global_batch_size}")
+        return lo, hi
     if process_index is None or process_count is None:
         import jax
 
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-        raise ValueError(f"global_batch_size must be a positive int, got {global_batch_size!r}")
     if not isinstance(process_count, int) or process_count < 1:
         raise ValueError(f"process_count must be a positive int, got {process_count!r}")
     if not isinstance(process_index, int) or not 0 <= process_index < process_count:
@@ -536,20 +547,26 @@ def _processes(global_batch_size, process_index, process_count):
         raise ValueError(
             f"global_batch_size={global_batch_size} is not divisible by process_count={process_count}"
         )
-    return process_index, process_count, global_batch_size // process_count
+    b = global_batch_size // process_count
+    return process_index * b, (process_index + 1) * b
 
 
-def make_train_iterator(data_config, *, global_batch_size, seed, process_index=None, process_count=None):
-    """Infinite, deterministic, per-process sharded, exactly resumable train iterator (see module docstring)."""
+def make_train_iterator(data_config, *, global_batch_size, seed, process_index=None, process_count=None, rows=None):
+    """Infinite, deterministic, per-process sharded, exactly resumable train iterator (see module docstring).
+
+    This process yields rows ``[lo, hi)`` of every global batch: ``rows=(lo, hi)``, or the ``process_index``-th of
+    ``process_count`` equal slices (default: from JAX).
+    """
     settings = validate_data_config(data_config)
-    p, num_p, b = _processes(global_batch_size, process_index, process_count)
+    lo, hi = _rows(global_batch_size, process_index, process_count, rows)
+    b = hi - lo
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     seed = int(seed)
     train_src, _, num_classes, channels = sources.open_sources(settings)
     mean, std = normalization(settings.name, channels)
     records = _Records(train_src, channels, num_classes, settings.skip_bad_records)
-    geometry = _Geometry(global_batch_size, b, p)
+    geometry = _Geometry(global_batch_size, b, lo)
     fn = _TrainBatch(settings, records, None, None, seed, geometry, channels, mean, std)
     cache = None
     if settings.cache:
@@ -564,22 +581,25 @@ def make_train_iterator(data_config, *, global_batch_size, seed, process_index=N
         "seed": seed,
         "global_batch_size": global_batch_size,
         "num_records": num_records,
-        "process_index": p,
-        "process_count": num_p,
+        "rows": [lo, hi],
     }
     return TrainIterator(fn, b, settings, meta, cache.skipped if cache is not None else 0)
 
 
-def make_eval_iterator(data_config, *, global_batch_size, process_index=None, process_count=None):
-    """One pass over the eval split, padded (mask False) so every example counts exactly once across processes."""
+def make_eval_iterator(data_config, *, global_batch_size, process_index=None, process_count=None, rows=None):
+    """One pass over the eval split, padded (mask False) so every example counts exactly once across processes.
+
+    ``rows`` / ``process_index``, ``process_count`` as for ``make_train_iterator``.
+    """
     settings = validate_data_config(data_config)
-    p, _, b = _processes(global_batch_size, process_index, process_count)
+    lo, hi = _rows(global_batch_size, process_index, process_count, rows)
+    b = hi - lo
     _, eval_src, num_classes, channels = sources.open_sources(settings)
     mean, std = normalization(settings.name, channels)
     records = _Records(eval_src, channels, num_classes, settings.skip_bad_records)
     n = len(eval_src)
     num_batches = -(-n // global_batch_size)
-    fn = _EvalBatch(settings, records, n, _Geometry(global_batch_size, b, p), channels, mean, std)
+    fn = _EvalBatch(settings, records, n, _Geometry(global_batch_size, b, lo), channels, mean, std)
     return EvalIterator(fn, num_batches, settings)
 
 

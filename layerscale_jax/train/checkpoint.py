@@ -1,23 +1,38 @@
-"""Orbax checkpoints of the train state, the data-iterator state and the config.
+"""Orbax checkpoints of the train state, with the data-iterator state, the config and a content checksum.
 
-- Saves are asynchronous; the last ``keep`` checkpoints and the best one by an eval metric are kept.
-- Each process's data-iterator state is written, before the orbax save starts, as
-  ``checkpoints/data_state/<step>/process_<i>.json`` (iterators differ per process); a checkpoint without it
-  counts as incomplete.
-- Restoring walks from the newest checkpoint back: an incomplete or corrupt one is skipped with a warning.
-- A state with a non-finite parameter is never saved.
+Layout of ``<workdir>/checkpoints`` (any orbax / ``etils.epath`` path, ``gs://`` included):
+
+- ``<step>/``: orbax's checkpoint (async save; the newest ``keep`` and the best by an eval metric are kept): the
+  train state and the config.
+- ``meta/<step>/data_process_<i>.json``: process ``i``'s data-iterator state, written before the orbax save starts
+  (a checkpoint without it is incomplete). ``meta/<step>/window.json``: the per-step metrics logged since the last
+  metrics line (so a resumed run's ``metrics.jsonl`` equals an uninterrupted one's). ``meta/<step>/checksums.json``:
+  SHA-256 of every file of ``<step>/``, written by process 0 once orbax has finalised the step ("sealed").
+- ``quarantine/<step>/``: checkpoints found corrupt at restore, moved aside so that no later save collides with them.
+
+Restore walks from the newest step back. Process 0 decides about each step and every process follows the same
+decision: a step whose files do not match its checksums (truncated, overwritten) is quarantined and the previous one
+is tried; a finalised step that was never sealed (the job died first) is trusted, since orbax's finalisation is an
+atomic rename, and sealed then. Errors while reading a checkpoint that passed the check (I/O, collectives) are raised:
+they are not evidence of a corrupt checkpoint. When checkpoints exist but none is usable, the run stops.
+
+Saves: a state with a non-finite parameter is never saved; a failed save (disk full, permissions) raises
+``CheckpointSaveError`` naming the cause and the last complete checkpoint.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 import os
-import shutil
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocm
 
 log = logging.getLogger(__name__)
@@ -27,14 +42,80 @@ class NonFiniteStateError(RuntimeError):
     pass
 
 
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written; the message names the cause and the last complete checkpoint."""
+
+
+class NoUsableCheckpointError(RuntimeError):
+    """Checkpoints exist in the workdir but none of them can be restored."""
+
+
+def as_path(path) -> epath.Path:
+    """An ``epath.Path`` for a local path (made absolute) or a URL-like one (``gs://...``, kept as is)."""
+    text = os.fspath(path)
+    return epath.Path(text if "://" in text else os.path.abspath(text))
+
+
+def _finite_flag(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+@functools.lru_cache(maxsize=None)
+def _finite_fn(mesh):
+    out = None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.jit(_finite_flag, out_shardings=out)
+
+
 def all_finite(tree) -> bool:
-    leaves = [x for x in jax.tree.leaves(tree) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating)]
-    return bool(all(jax.device_get(jax.numpy.all(jax.numpy.isfinite(x))) for x in leaves))
+    """Whether every floating leaf is finite: one jitted reduction to a replicated scalar and one host fetch, so it
+    also works on arrays that span processes."""
+    shardings = [getattr(x, "sharding", None) for x in jax.tree.leaves(tree)]
+    mesh = next((s.mesh for s in shardings if isinstance(s, jax.sharding.NamedSharding)), None)
+    return bool(_finite_fn(mesh)(tree))
+
+
+def _broadcast(value):
+    """Process 0's ``value`` (a JSON-able object) on every process."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    size = int(multihost_utils.broadcast_one_to_all(np.array(len(data), np.int64)))
+    padded = np.zeros(size, np.uint8)
+    padded[:min(size, len(data))] = data[:size]
+    return json.loads(bytes(np.asarray(multihost_utils.broadcast_one_to_all(padded))).decode())
+
+
+def _all_processes_ok(ok: bool) -> bool:
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+    return bool(np.all(multihost_utils.process_allgather(np.array([ok]))))
+
+
+def _files(root: epath.Path):
+    for child in sorted(root.iterdir()):
+        if child.is_dir():
+            yield from _files(child)
+        else:
+            yield child
+
+
+def _file_digests(root: epath.Path) -> dict[str, str]:
+    digests = {}
+    for path in _files(root):
+        sha = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                sha.update(chunk)
+        digests[str(path.relative_to(root))] = sha.hexdigest()
+    return digests
 
 
 class Checkpointer:
-    def __init__(self, directory: str, *, keep: int, best_metric: str = "test_accuracy"):
-        self.directory = os.path.abspath(directory)
+    def __init__(self, directory, *, keep: int, best_metric: str = "test_accuracy"):
+        self.directory = as_path(directory)
         self.best_metric = best_metric
         policy = ocm.AnyPreservationPolicy([
             ocm.LatestN(n=keep),
@@ -44,68 +125,151 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=True,
                                                enable_async_checkpointing=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.last_complete: int | None = None     # newest step known to be fully written (restored or sealed)
 
-    # -- paths of the per-process data-iterator states ----------------------------------------------------------
-    def _data_state_path(self, step: int, process: int | None = None) -> str:
-        process = jax.process_index() if process is None else process
-        return os.path.join(self.directory, "data_state", str(step), f"process_{process}.json")
+    # -- side files ---------------------------------------------------------------------------------------------
+    def _meta(self, step: int) -> epath.Path:
+        return self.directory / "meta" / str(step)
 
-    def _prune_data_states(self) -> None:
-        root = os.path.join(self.directory, "data_state")
-        if jax.process_index() != 0 or not os.path.isdir(root):
+    def _data_state_path(self, step: int, process: int) -> epath.Path:
+        return self._meta(step) / f"data_process_{process}.json"
+
+    @staticmethod
+    def _write_json(path: epath.Path, value) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / (path.name + ".tmp")
+        tmp.write_text(json.dumps(value))
+        tmp.rename(path)
+
+    def _seal_finished(self) -> None:
+        """Process 0: checksums for every finalised step that has none yet; side files of deleted steps removed.
+        Called only when no save is in flight."""
+        self.manager.reload()
+        steps = set(self.manager.all_steps())
+        if steps:
+            self.last_complete = max(steps)
+        if jax.process_index() != 0:
             return
-        keep = {str(s) for s in self.manager.all_steps()}
-        for name in os.listdir(root):
-            if name not in keep and not self.manager.is_saving_in_progress():
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        for step in sorted(steps):
+            checksums = self._meta(step) / "checksums.json"
+            if not checksums.exists():
+                self._write_json(checksums, _file_digests(self.directory / str(step)))
+        meta_root = self.directory / "meta"
+        if meta_root.exists():
+            for child in meta_root.iterdir():
+                if child.name.isdigit() and int(child.name) not in steps:
+                    child.rmtree()
+
+    def _verify(self, step: int) -> str | None:
+        """Process 0: why ``step`` is corrupt, or None (also None for a finalised step never sealed)."""
+        checksums = self._meta(step) / "checksums.json"
+        if not checksums.exists():
+            return None
+        expected = json.loads(checksums.read_text())
+        actual = _file_digests(self.directory / str(step))
+        missing = sorted(set(expected) - set(actual))
+        changed = sorted(f for f in expected if f in actual and actual[f] != expected[f])
+        if missing or changed:
+            return (f"{len(missing)} file(s) missing, {len(changed)} changed since it was written"
+                    f" (e.g. {(missing + changed)[0]})")
+        return None
+
+    def _quarantine(self, step: int, reason: str) -> None:
+        if jax.process_index() == 0:
+            target = self.directory / "quarantine" / str(step)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                target.rmtree()
+            (self.directory / str(step)).rename(target)
+            if self._meta(step).exists():
+                self._meta(step).rename(target / "meta")
+        log.warning("checkpoint at step %d is corrupt (%s); moved to %s", step, reason,
+                    self.directory / "quarantine" / str(step))
+        self.manager.reload()
 
     # -- save / restore -----------------------------------------------------------------------------------------
-    def save(self, step: int, state: dict, data_state: Any, config_json: dict,
-             metrics: dict[str, float] | None = None, force: bool = False) -> bool:
+    def save(self, step: int, state: dict, data_state: Any, config_json: dict, *,
+             metrics: dict[str, float] | None = None, window: list[dict] | None = None, force: bool = False) -> None:
         if not all_finite(state["params"]):
             raise NonFiniteStateError(f"refusing to save a non-finite state at step {step}")
-        path = self._data_state_path(step)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(data_state, f)
-        os.replace(path + ".tmp", path)
-        saved = self.manager.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config_json)),
-            metrics=metrics, force=force)
-        self._prune_data_states()
-        return saved
+        try:
+            self.manager.wait_until_finished()      # the previous async save (orbax would wait for it as well)
+            self._seal_finished()
+            self._write_json(self._data_state_path(step, jax.process_index()), data_state)
+            if jax.process_index() == 0:
+                self._write_json(self._meta(step) / "window.json", window or [])
+            self.manager.save(
+                step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config_json)),
+                metrics=metrics, force=force)
+        except Exception as err:
+            raise self._save_error(step, err) from err
+
+    def _save_error(self, step: int, err: Exception) -> CheckpointSaveError:
+        last = (f"step {self.last_complete}" if self.last_complete is not None else "none")
+        return CheckpointSaveError(f"saving the checkpoint of step {step} in {self.directory} failed "
+                                   f"({type(err).__name__}: {err}); the last complete checkpoint is {last}")
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
-        self._prune_data_states()
+        try:
+            self.manager.wait_until_finished()
+            self._seal_finished()
+        except Exception as err:
+            raise self._save_error(self.manager.latest_step() or -1, err) from err
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def restore(self, abstract_state: dict, step: int | None = None):
-        """``(step, state, data_state)`` from the newest complete, readable checkpoint (or ``step``), else None."""
-        steps = sorted(self.manager.all_steps(), reverse=True) if step is None else [step]
-        for candidate in steps:
-            data_path = self._data_state_path(candidate)
-            try:
-                if not os.path.exists(data_path):
-                    raise FileNotFoundError(f"missing data-iterator state {data_path}")
-                with open(data_path) as f:
-                    data_state = json.load(f)
-                restored = self.manager.restore(
-                    candidate, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
-                state = restored["state"]
-                if not all_finite(state["params"]):
-                    raise NonFiniteStateError("non-finite parameters")
-                return candidate, state, data_state
-            except Exception as err:  # corrupt or incomplete: fall back to the previous checkpoint
-                log.warning("checkpoint at step %d in %s is unusable (%s: %s); falling back to the previous one",
-                            candidate, self.directory, type(err).__name__, err)
+        """``(step, state, data_state, window)`` from the newest usable checkpoint (or ``step``), or None if there
+        is no checkpoint at all. Every process restores the same step."""
+        candidates = _broadcast(sorted(self.manager.all_steps(), reverse=True) if step is None else [step])
+        for candidate in candidates:
+            reason = _broadcast(self._verify(candidate) if jax.process_index() == 0 else None)
+            if reason is None:
+                data_state, reason = self._read_data_state(candidate)
+                reason = None if _all_processes_ok(reason is None) else (reason or "another process's data state")
+            if reason is not None:
+                self._quarantine(candidate, reason)
+                continue
+            restored = self.manager.restore(
+                candidate, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
+            state = restored["state"]
+            if not all_finite(state["params"]):
+                raise NonFiniteStateError(f"checkpoint at step {candidate} in {self.directory} has non-finite "
+                                          f"parameters although it passed its checksum")
+            window_path = self._meta(candidate) / "window.json"
+            window = json.loads(window_path.read_text()) if window_path.exists() else []
+            self.last_complete = candidate
+            self._seal_finished()
+            return candidate, state, data_state, window
+        if candidates:
+            raise NoUsableCheckpointError(
+                f"none of the {len(candidates)} checkpoint(s) in {self.directory} is usable (moved to "
+                f"{self.directory / 'quarantine'}); to start fresh, use a new --workdir or delete {self.directory}")
         return None
 
+    def _read_data_state(self, step: int):
+        """This process's data-iterator state for ``step``: its own file when the process layout is unchanged,
+        else process 0's (valid for any layout when no process had a partly used batch). ``(state, problem)``."""
+        meta = self._meta(step)
+        files = sorted(meta.glob("data_process_*.json")) if meta.exists() else []
+        if not files:
+            return None, f"missing data-iterator state in {meta}"
+        states = {int(f.stem.rsplit("_", 1)[1]): json.loads(f.read_text()) for f in files}
+        saved_processes = len(states)   # every process writes its state before the (collective) orbax save
+        if sorted(states) != list(range(saved_processes)):
+            return None, f"data-iterator states of processes {sorted(states)} in {meta}"
+        if saved_processes == jax.process_count():
+            return states[jax.process_index()], None
+        positions = {(s["next_batch"], s["offset"]) for s in states.values()}
+        if len(positions) != 1 or next(iter(positions))[1] != 0:
+            raise ValueError(f"checkpoint at step {step} was saved by {saved_processes} process(es) whose input "
+                             f"pipelines stood at different positions (skipped bad records: {sorted(positions)}); "
+                             f"it can only be resumed with the same {saved_processes} process(es) and mesh")
+        return states[0], None
+
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        self.wait()
         self.manager.close()
 
 

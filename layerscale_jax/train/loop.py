@@ -5,13 +5,11 @@ loop (metrics, evaluation, checkpoints, preemption) → results.json.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import math
-import os
 import signal
 import time
-import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -24,8 +22,10 @@ from jax.sharding import NamedSharding
 from layerscale_jax import data as data_lib
 from layerscale_jax import optim
 from layerscale_jax.models import create_model
+from layerscale_jax.data.sharding import process_batch_rows
 from layerscale_jax.train import sharding as shard_lib
-from layerscale_jax.train.checkpoint import Checkpointer, all_finite, to_jsonable
+from layerscale_jax.train import workdir as workdir_lib
+from layerscale_jax.train.checkpoint import Checkpointer, as_path, to_jsonable
 from layerscale_jax.train.config import model_overrides, validate_train_config
 from layerscale_jax.train.metrics import MetricsWriter, layerscale_statistics
 from layerscale_jax.train.step import init_train_state, make_eval_step, make_train_step
@@ -38,7 +38,12 @@ class NonFiniteError(FloatingPointError):
 
 
 class _PreemptionFlag:
-    """SIGTERM / SIGINT set a flag; the loop finishes the current step, saves and exits cleanly."""
+    """SIGTERM / SIGINT set a flag; the loop finishes the current step, saves and exits cleanly.
+
+    With several processes the flags are combined (one small all-gather) only at metric-logging steps, where the
+    loop syncs with the devices anyway: a signal to any one process stops every process at the same step, at most
+    ``train.log_every`` steps later, and dispatch runs ahead in between.
+    """
 
     def __init__(self):
         self.raised = False
@@ -60,9 +65,11 @@ class _PreemptionFlag:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
-    def any_process(self) -> bool:
+    def any_process(self, step: int, log_every: int) -> bool:
         if jax.process_count() == 1:
             return self.raised
+        if step % log_every:
+            return False
         from jax.experimental import multihost_utils
         return bool(np.any(multihost_utils.process_allgather(np.array([self.raised]))))
 
@@ -77,8 +84,6 @@ def _check_model_matches_data(model_cfg, info) -> None:
 
 def _check_batch(name: str, batch_size: int, mesh) -> None:
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
-    if batch_size % jax.process_count():
-        raise ValueError(f"train.{name}={batch_size} is not divisible by the process count {jax.process_count()}")
     if batch_size % batch_devices:
         raise ValueError(f"train.{name}={batch_size} is not divisible by the {batch_devices} devices of the "
                          f"mesh's batch axes (data={mesh.shape['data']} × fsdp={mesh.shape['fsdp']})")
@@ -124,10 +129,12 @@ def state_shardings(abstract_state: dict, param_sharding, mesh) -> dict:
 
 
 def evaluate(eval_step_fn, params, config, mesh) -> dict[str, float]:
+    """Test loss and accuracy over the whole test split (each example counted once, whatever the process layout)."""
     sums = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
-    iterator = data_lib.make_eval_iterator(config.data, global_batch_size=config.train.eval_batch_size)
+    size = config.train.eval_batch_size
+    iterator = data_lib.make_eval_iterator(config.data, global_batch_size=size, rows=process_batch_rows(mesh, size))
     for batch in iterator:
-        out = eval_step_fn(params, data_lib.to_global_batch(batch, mesh))
+        out = eval_step_fn(params, data_lib.to_global_batch(batch, mesh, size))
         for k, v in jax.device_get(out).items():
             sums[k] += float(v)
     count = max(sums["count"], 1.0)
@@ -200,123 +207,185 @@ def create_trainer(config, mesh) -> Trainer:
                    abstract_sharded, init_fn, train_step, eval_step)
 
 
-def train_and_evaluate(config, workdir: str, devices=None) -> dict:
-    """Train ``config`` in ``workdir`` (resuming from its latest checkpoint) and return the final results.
+def describe_architecture(config, n_params: int) -> dict:
+    """What was actually built: the registry name is only the starting point of the overrides."""
+    m = config.model
+    arch = {"name": m.name, "parameters": n_params}
+    for field in ("depth", "embed_dim", "num_heads", "patch_size", "img_size", "in_chans", "num_classes",
+                  "branch_scaling", "init_values", "scan_layers", "dtype"):
+        if field in m:
+            arch[field] = m[field]
+    return arch
 
-    ``devices`` (default: all) are arranged into the config's mesh.
+
+def _architecture_line(arch: dict) -> str:
+    return (f"model {arch['name']} with depth {arch.get('depth')}, width {arch.get('embed_dim')}, "
+            f"{arch.get('num_heads')} heads, patch {arch.get('patch_size')} on {arch.get('img_size')}×"
+            f"{arch.get('img_size')} images, branch scaling {arch.get('branch_scaling')} "
+            f"(init {arch.get('init_values')}): {arch['parameters']:,} parameters")
+
+
+def train_and_evaluate(config, workdir, devices=None) -> dict:
+    """Train ``config`` in ``workdir`` (local or any ``etils.epath`` path; resuming from its latest checkpoint) and
+    return the final results.
+
+    ``devices`` (default: all) are arranged into the config's mesh. A finished workdir returns its stored results
+    without training; a workdir of a different config is refused (``workdir.WorkdirError``).
     """
     validate_train_config(config.train)
     tc = config.train
-    os.makedirs(workdir, exist_ok=True)
+    workdir = as_path(workdir)
     is_primary = jax.process_index() == 0
+    if is_primary:
+        workdir.mkdir(parents=True, exist_ok=True)
+    lock = workdir_lib.WorkdirLock(workdir)
+    if is_primary:
+        lock.acquire()
+    try:
+        return _train_and_evaluate(config, workdir, devices, is_primary)
+    finally:
+        lock.release()
+
+
+def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
+    tc = config.train
     mesh = shard_lib.make_mesh(tc.mesh, devices)
     trainer = create_trainer(config, mesh)
     use_ema = config.optim.ema_decay > 0
     train_step, eval_step = trainer.train_step, trainer.eval_step
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(trainer.abstract_model, nnx.Param)))
+    arch = describe_architecture(config, n_params)
+    config_json = to_jsonable(config.to_dict())
+    checkpointer = Checkpointer(workdir / "checkpoints", keep=tc.keep_checkpoints)
+    results_path = workdir / "results.json"
+
     if is_primary:
-        n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(trainer.abstract_model, nnx.Param)))
-        print(f"model {config.model.name}: {n_params:,} parameters; mesh {dict(mesh.shape)}; "
-              f"{jax.device_count()} devices, {jax.process_count()} processes", flush=True)
+        for change in workdir_lib.check_stored_config(workdir, config_json, checkpointer.latest_step() is not None):
+            print(f"config changed since the stored run (accepted): {change}", flush=True)
+    if checkpointer.latest_step() == tc.steps and results_path.exists():
+        results = json.loads(results_path.read_text())
+        if results.get("steps") == tc.steps:
+            checkpointer.close()
+            if is_primary:
+                print(f"{workdir} holds a finished run of {tc.steps} steps (raise train.steps to continue it):\n"
+                      f"{json.dumps(results, indent=2)}", flush=True)
+            return results
+
+    if is_primary:
+        print(f"{_architecture_line(arch)}; mesh {dict(mesh.shape)}; {jax.device_count()} devices, "
+              f"{jax.process_count()} processes", flush=True)
         print("layer-wise learning-rate multipliers:\n" + trainer.bundle.table(), flush=True)
         print("parameter sharding:\n" + shard_lib.describe(trainer.param_sharding), flush=True)
 
     # State: restored from the workdir, or created already sharded.
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints)
     restored = checkpointer.restore(trainer.abstract_state)
+    pending: list = []                       # per-step metrics not yet logged
     if restored is not None:
-        start_step, state, data_state = restored
+        start_step, state, data_state, pending = restored
         print(f"resumed from step {start_step} in {checkpointer.directory}", flush=True)
+        if is_primary:
+            workdir_lib.truncate_metrics(workdir / "metrics.jsonl", start_step)
     else:
         start_step, data_state = 0, None
         state = trainer.init_state()
 
-    # Input pipeline, positioned where the checkpoint left it.
-    train_iter = data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed)
+    # Input pipeline, positioned where the checkpoint left it; this process reads the rows its devices hold.
+    train_iter = data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed,
+                                              rows=process_batch_rows(mesh, tc.batch_size))
     if data_state is not None:
         train_iter.set_state(data_state)
 
     writer = MetricsWriter(workdir, tc.steps)
-    config_json = to_jsonable(config.to_dict())
     last_saved = [start_step if restored is not None else None]
 
-    def save(step, metrics=None, force=False):
+    def save(step, metrics=None, window=None):
         if last_saved[0] == step:
             return
         nonfinite = int(jax.device_get(state["nonfinite_steps"]))
         if nonfinite and tc.nonfinite == "raise":
-            raise NonFiniteError(_nonfinite_message(step, checkpointer, last_saved[0]))
-        checkpointer.save(step, state, train_iter.get_state(), config_json, metrics=metrics, force=force)
+            raise NonFiniteError(_nonfinite_message(step, checkpointer))
+        checkpointer.save(step, state, train_iter.get_state(), config_json, metrics=metrics, window=window,
+                          force=True)
         last_saved[0] = step
 
-    step = start_step
-    pending: list[dict] = []
-    last_log_time, last_log_step = time.time(), step
-    train_start = time.time()
-    eval_results: dict[str, float] = {}
-    preempted = False
-    with _PreemptionFlag() as preemption:
-        while step < tc.steps:
-            batch = data_lib.to_global_batch(next(train_iter), mesh)
-            state, metrics = train_step(state, batch)
-            step += 1
-            pending.append(metrics)
+    try:
+        step = start_step
+        last_log_time, last_log_step = time.time(), step
+        train_start = time.time()
+        eval_results: dict[str, float] = {}
+        preempted = False
+        with _PreemptionFlag() as preemption:
+            while step < tc.steps:
+                batch = data_lib.to_global_batch(next(train_iter), mesh, tc.batch_size)
+                state, metrics = train_step(state, batch)
+                step += 1
+                pending.append(metrics)
 
-            if step % tc.log_every == 0 or step == tc.steps:
-                fetched = jax.device_get(pending)
-                pending = []
-                if not all(m["finite"] for m in fetched) and tc.nonfinite == "raise":
-                    bad = step - len(fetched) + next(i for i, m in enumerate(fetched) if not m["finite"])
-                    raise NonFiniteError(_nonfinite_message(bad + 1, checkpointer, last_saved[0]))
-                now = time.time()
-                scalars = {k: float(np.mean([m[k] for m in fetched])) for k in
-                           ("train_loss", "train_accuracy", "grad_norm", "learning_rate")}
-                scalars["learning_rate"] = float(fetched[-1]["learning_rate"])
-                scalars["img_per_s"] = (step - last_log_step) * tc.batch_size / max(now - last_log_time, 1e-9)
-                scalars["nonfinite_steps"] = float(jax.device_get(state["nonfinite_steps"]))
-                scalars["bad_records"] = float(train_iter.bad_records)
-                last_log_time, last_log_step = now, step
-                writer.write(step, scalars)
-                writer.progress(step, scalars)
+                if step % tc.log_every == 0 or step == tc.steps:
+                    fetched = jax.device_get(pending)
+                    pending = []
+                    if not all(m["finite"] for m in fetched) and tc.nonfinite == "raise":
+                        bad = step - len(fetched) + next(i for i, m in enumerate(fetched) if not m["finite"])
+                        raise NonFiniteError(_nonfinite_message(bad + 1, checkpointer))
+                    now = time.time()
+                    scalars = {k: float(np.mean([m[k] for m in fetched])) for k in
+                               ("train_loss", "train_accuracy", "grad_norm")}
+                    scalars["learning_rate"] = float(fetched[-1]["learning_rate"])
+                    scalars["img_per_s"] = (step - last_log_step) * tc.batch_size / max(now - last_log_time, 1e-9)
+                    scalars["nonfinite_steps"] = float(jax.device_get(state["nonfinite_steps"]))
+                    scalars["bad_records"] = float(train_iter.bad_records)
+                    last_log_time, last_log_step = now, step
+                    writer.write(step, scalars)
+                    writer.progress(step, scalars)
 
-            is_eval = (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps
-            if is_eval:
-                eval_params = state["ema"] if use_ema else state["params"]
-                eval_results = evaluate(eval_step, eval_params, config, mesh)
-                eval_scalars = {**eval_results, **layerscale_statistics(state["params"])}
-                writer.write(step, eval_scalars)
-                writer.progress(step, eval_results)
-            if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.steps:
-                save(step, metrics=eval_results if is_eval else None, force=True)
+                is_eval = (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps
+                if is_eval:
+                    eval_params = state["ema"] if use_ema else state["params"]
+                    eval_results = evaluate(eval_step, eval_params, config, mesh)
+                    eval_scalars = {**eval_results, **layerscale_statistics(state["params"])}
+                    writer.write(step, eval_scalars)
+                    writer.progress(step, eval_results)
+                if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.steps:
+                    save(step, metrics=eval_results if is_eval else None, window=_host_window(pending))
 
-            stop_slot = tc.stop_after_steps and step - start_step >= tc.stop_after_steps
-            if (preemption.any_process() or stop_slot) and step < tc.steps:
-                save(step, force=True)
-                preempted = True
-                print(f"stopped at step {step}; checkpoint saved in {checkpointer.directory}", flush=True)
-                break
+                stop_slot = tc.stop_after_steps and step - start_step >= tc.stop_after_steps
+                if (preemption.any_process(step, tc.log_every) or stop_slot) and step < tc.steps:
+                    save(step, window=_host_window(pending))
+                    preempted = True
+                    print(f"stopped at step {step}; checkpoint saved in {checkpointer.directory}", flush=True)
+                    break
 
+        if not preempted and step == start_step:    # restored at the last step: the run ended before its results
+            eval_results = evaluate(eval_step, state["ema"] if use_ema else state["params"], config, mesh)
+    finally:
+        writer.close()
+        train_iter.close()
     checkpointer.close()
-    writer.close()
-    train_iter.close()
     train_seconds = time.time() - train_start
     if preempted:
         return {"preempted_at_step": step}
-    results = {"test_accuracy": eval_results.get("test_accuracy"), "test_loss": eval_results.get("test_loss"),
-               "test_examples": eval_results.get("test_examples"), "steps": step,
+    results = {"test_accuracy": eval_results["test_accuracy"], "test_loss": eval_results["test_loss"],
+               "test_examples": eval_results["test_examples"], "steps": step,
                "train_seconds": train_seconds, "nonfinite_steps": int(jax.device_get(state["nonfinite_steps"])),
-               "model": config.model.name, "resumed_from_step": start_step if restored is not None else None}
+               "model": arch, "resumed_from_step": start_step if restored is not None else None}
     if is_primary:
-        with open(os.path.join(workdir, "results.json"), "w") as f:
-            json.dump(results, f, indent=2)
+        results_path.write_text(json.dumps(results, indent=2))
         print(f"test accuracy {results['test_accuracy']:.4f} after {step} steps ({train_seconds:.1f} s)\n"
               f"checkpoints: {checkpointer.directory}\nmetrics: {writer.jsonl_path}\n"
-              f"TensorBoard: tensorboard --logdir {writer.tb_dir}\nresults: {os.path.join(workdir, 'results.json')}",
+              f"TensorBoard: tensorboard --logdir {writer.tb_dir}\nresults: {results_path}",
               flush=True)
     return results
 
 
-def _nonfinite_message(step: int, checkpointer: Checkpointer, last_saved) -> str:
-    where = (f"the last good checkpoint is step {last_saved} in {checkpointer.directory}" if last_saved is not None
+def _host_window(pending: list) -> list[dict]:
+    """The not-yet-logged per-step metrics as JSON-able floats (carried in the checkpoint across a preemption)."""
+    return [{k: float(v) for k, v in m.items()} for m in jax.device_get(pending)]
+
+
+def _nonfinite_message(step: int, checkpointer: Checkpointer) -> str:
+    checkpointer.wait()                           # an async save in flight: only a complete checkpoint is named
+    last = checkpointer.last_complete
+    where = (f"the last complete checkpoint is step {last} in {checkpointer.directory}" if last is not None
              else "no checkpoint has been saved yet")
-    return (f"non-finite loss or gradient norm at step {step}; the update was not applied and the run stops "
+    return (f"non-finite loss, gradient norm or update at step {step}; the update was not applied and the run stops "
             f"(train.nonfinite='raise'); {where}")

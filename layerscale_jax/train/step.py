@@ -9,8 +9,13 @@ Per step, with targets ``t`` from Mixup/CutMix and label smoothing:
     g    = ∇L(θ)            (optionally averaged over micro-batches, optionally at SAM's perturbed point)
     θ'   = θ + optax_update(g)
 
-A non-finite loss or gradient norm leaves the state as it was and is counted in ``nonfinite_steps``; the loop
-decides whether that stops the run (``train.nonfinite = "raise"``) or only skips the update (``"skip"``).
+A non-finite loss, gradient norm or update (e.g. from a non-finite learning rate) leaves the state as it was and is
+counted in ``nonfinite_steps``; the loop decides whether that stops the run (``train.nonfinite = "raise"``) or only
+skips the update (``"skip"``). Skipped steps do not advance optax's step count, so the learning rate applied (and
+logged) at step ``t`` is ``schedule(t − nonfinite_steps)``.
+
+Randomness: parameters are initialised from ``seed``; the training stream (Mixup/CutMix, stochastic depth) is
+``fold_in(key(seed), TRAIN_RNG_STREAM)``, independent of it, and step ``t`` uses ``fold_in(stream, t)``.
 """
 from __future__ import annotations
 
@@ -30,12 +35,15 @@ def cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray) -> jnp.ndarray:
     return -jnp.sum(targets * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
 
 
+TRAIN_RNG_STREAM = 1
+
+
 def init_train_state(params: nnx.State, tx: optax.GradientTransformation, seed: int, use_ema: bool) -> dict:
     state = {
         "step": jnp.zeros((), jnp.int32),
         "params": params,
         "opt_state": tx.init(params),
-        "rng": jax.random.key_data(jax.random.key(seed)),
+        "rng": jax.random.key_data(jax.random.fold_in(jax.random.key(seed), TRAIN_RNG_STREAM)),
         "nonfinite_steps": jnp.zeros((), jnp.int32),
     }
     if use_ema:
@@ -80,7 +88,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
         grad_norm = optax.global_norm(grads)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
 
         def keep_if_finite(new, old):
             return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
@@ -94,7 +102,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
         new_state["step"] = state["step"] + 1
         new_state["nonfinite_steps"] = state["nonfinite_steps"] + (~finite).astype(jnp.int32)
         metrics = {"train_loss": loss, "train_accuracy": aux["accuracy"], "grad_norm": grad_norm,
-                   "learning_rate": schedule(state["step"]), "finite": finite}
+                   "learning_rate": schedule(state["step"] - state["nonfinite_steps"]), "finite": finite}
         return new_state, metrics
 
     return train_step
