@@ -4,13 +4,12 @@ import importlib.util
 import os
 
 import pytest
-from absl import flags
 from flax import nnx
-from ml_collections import config_flags
 
 from layerscale_jax import optim
 from layerscale_jax.models import create_model
-from layerscale_jax.train.config import model_overrides, parse_config_arg
+from layerscale_jax.train.__main__ import parse_command_line
+from layerscale_jax.train.config import model_overrides, parse_config_arg, validate_experiment_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -35,6 +34,7 @@ CASES = [(path, arg) for path in CONFIG_FILES for arg in VARIANTS.get(os.path.ba
 @pytest.mark.parametrize("path,arg", CASES, ids=[f"{os.path.basename(p)}:{a}" for p, a in CASES])
 def test_config_builds_model_and_optimizer_abstractly(path, arg):
     config = load(path, arg)
+    validate_experiment_config(config)
     model = nnx.eval_shape(lambda: create_model(config.model.name, rngs=nnx.Rngs(0),
                                                 **model_overrides(config.model)))
     bundle = optim.build(config.optim, model, total_steps=config.train.steps)
@@ -48,20 +48,17 @@ def test_every_config_file_is_covered():
 
 
 def _parse(argv):
-    """Parse ``argv`` as ``python -m layerscale_jax.train`` does (ml_collections reads the overrides from argv)."""
-    flag_values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, lock_config=True, sys_argv=argv)
-    flag_values(argv)
-    return flag_values
+    """Parse ``argv`` (with the program name) as ``python -m layerscale_jax.train`` does."""
+    return parse_command_line(argv[1:] + ["--workdir", "unused"])
 
 
 def test_command_line_overrides_reach_the_config():
     path = os.path.join(ROOT, "configs", "digits_layerscale.py")
     flag_values = _parse([
-        "prog", f"--config={path}:depth=3", "--config.train.steps=7", "--config.optim.learning_rate=0.01",
+        "prog", f"--config={path}:depth=3", "--config.train.steps=70", "--config.optim.learning_rate=0.01",
         "--config.model.branch_scaling=rezero"])
     config = flag_values.config
-    assert (config.model.depth, config.train.steps, config.optim.learning_rate) == (3, 7, 0.01)
+    assert (config.model.depth, config.train.steps, config.optim.learning_rate) == (3, 70, 0.01)
     assert config.model.branch_scaling == "rezero"
 
 

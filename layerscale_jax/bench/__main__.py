@@ -24,6 +24,7 @@ from layerscale_jax.runtime import reexec_with_huge_page_malloc
 reexec_with_huge_page_malloc()
 
 from layerscale_jax.bench.cli import main  # noqa: E402
+from layerscale_jax.cli import run_cli  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_cli(main))                  # user errors: one line, exit status 2 (layerscale_jax/cli.py)

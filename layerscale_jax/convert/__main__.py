@@ -4,8 +4,13 @@ r"""Convert pretrained weights.
     python -m layerscale_jax.convert --model deit3_small_patch16_224 --source deit3_small.safetensors \
         --out runs/deit3_small_in1k [--num-classes 100] [--img-size 384] [--scan-layers]
 
-    # our checkpoint (or a timm file) → a timm safetensors file
+    # a training workdir (its newest checkpoint; the model comes from the config stored with it), our
+    # save_pretrained directory or a timm file → a timm safetensors file (and/or --out DIR)
+    python -m layerscale_jax.convert --source runs/digits --export-timm digits.safetensors [--step N] [--no-ema]
     python -m layerscale_jax.convert --source runs/finetuned --export-timm finetuned.safetensors
+
+A bad input (a missing or unreadable file, a file that is not what its name says, mismatched keys, an unknown
+model) is reported in one line, ``error: ...``, with exit status 2; ``--debug`` adds the traceback.
 """
 from __future__ import annotations
 
@@ -15,9 +20,10 @@ import logging
 import sys
 from pathlib import Path
 
+from layerscale_jax.cli import UserError, run_cli
 from layerscale_jax.convert.files import write_state_dict
-from layerscale_jax.convert.pretrained import (MODEL_JSON, from_timm, load_model, read_model_json, save_pretrained,
-                                               to_timm)
+from layerscale_jax.convert.pretrained import (MODEL_JSON, from_timm, is_training_workdir, load_model,
+                                               load_workdir, read_model_json, save_pretrained, to_timm)
 
 
 log = logging.getLogger("layerscale_jax.convert")
@@ -27,9 +33,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m layerscale_jax.convert", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="registered model name (e.g. deit3_small_patch16_224); optional when "
-                                        "--source is a save_pretrained directory (its model.json is used)")
+                                        "--source is a save_pretrained directory (its model.json is used) or a "
+                                        "training workdir (the config stored with its checkpoint is used)")
     parser.add_argument("--source", required=True,
-                        help=".safetensors / .npz / .pth file (timm or official naming) or a save_pretrained dir")
+                        help=".safetensors / .npz / .pth file (timm or official naming), a save_pretrained dir "
+                             "or a training workdir")
+    parser.add_argument("--step", type=int, help="training workdir: this checkpoint step (default: the newest)")
+    parser.add_argument("--ema", action=argparse.BooleanOptionalAction, default=None,
+                        help="training workdir: the EMA of the parameters (--ema) or the parameters (--no-ema); "
+                             "default: the EMA when the run kept one, as its evaluation used")
     parser.add_argument("--out", help="write an orbax param checkpoint + model.json here")
     parser.add_argument("--export-timm", metavar="FILE", help="write a timm state dict (.safetensors or .npz)")
     parser.add_argument("--num-classes", type=int, help="re-initialise the head for this many classes")
@@ -39,11 +51,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="any other create_model override, e.g. --set global_pool=avg (repeatable)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out checkpoint")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error as well "
+                                                             "(or set LAYERSCALE_JAX_DEBUG=1)")
     args = parser.parse_args(argv)
     if not args.out and not args.export_timm:
         parser.error("nothing to write: pass --out DIR and/or --export-timm FILE")
-    if args.model is None and not (Path(args.source) / MODEL_JSON).is_file():
-        parser.error(f"--model is required unless --source is a save_pretrained directory (got {args.source!r})")
+    source = Path(args.source)
+    if not source.exists():
+        raise FileNotFoundError(f"--source {args.source!r} does not exist")
+    workdir = is_training_workdir(source)
+    if args.model is None and not (source / MODEL_JSON).is_file() and not workdir:
+        parser.error(f"--model is required unless --source is a save_pretrained directory or a training workdir "
+                     f"(got {args.source!r})")
+    if args.model is not None and workdir:
+        parser.error(f"--source {args.source!r} is a training workdir: its stored config names the model "
+                     f"(leave out --model; change fields with --set FIELD=VALUE)")
+    if (args.step is not None or args.ema is not None) and not workdir:
+        parser.error(f"--step and --ema apply to a training workdir; {args.source!r} is not one")
     return args
 
 
@@ -59,7 +83,7 @@ def parse_overrides(args: argparse.Namespace) -> dict:
     for item in args.overrides:
         field, sep, value = item.partition("=")
         if not sep or not field:
-            raise SystemExit(f"--set expects FIELD=VALUE, got {item!r}")
+            raise UserError(f"--set expects FIELD=VALUE, got {item!r}")
         overrides[field.strip()] = _literal(value.strip())
     overrides.update({k: v for k, v in (("num_classes", args.num_classes), ("img_size", args.img_size),
                                         ("scan_layers", args.scan_layers)) if v is not None})
@@ -69,7 +93,9 @@ def parse_overrides(args: argparse.Namespace) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     overrides = parse_overrides(args)
-    if args.model is None:
+    if args.model is None and is_training_workdir(args.source):
+        model, name = load_workdir(args.source, step=args.step, ema=args.ema, **overrides)
+    elif args.model is None:
         name = read_model_json(args.source)["model"]
         model = load_model(args.source, **overrides)
     else:
@@ -88,4 +114,4 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)    # orbax logs every step of a save at INFO
     logging.getLogger("jax").setLevel(logging.WARNING)
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -2,12 +2,18 @@
 (torch, imported only here, and only with ``weights_only=True`` so that no arbitrary object is unpickled)."""
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
+from layerscale_jax.cli import UserError
 from layerscale_jax.convert.naming import to_numpy, unwrap_state_dict
+
+
+class MissingDependencyError(UserError, ImportError):
+    """An optional package (torch, for .pth files) is needed for this input."""
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin")
 TIMM_SUFFIXES = (".safetensors", ".npz") + TORCH_SUFFIXES
@@ -21,15 +27,25 @@ def read_state_dict(path: str | Path) -> dict[str, np.ndarray]:
     """A timm or official checkpoint file as a flat ``name → numpy array`` mapping (wrappers such as ``model``
     removed; the names are left as in the file)."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"weights file {str(path)!r} is a directory")
     if not path.is_file():
         raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
     suffix = path.suffix
     if suffix == ".safetensors":
         from safetensors.numpy import load_file
-        tensors = load_file(str(path))
+        try:
+            tensors = load_file(str(path))
+        except Exception as err:  # safetensors raises its own SafetensorError (header too large, truncated, ...)
+            raise ValueError(f"{str(path)!r} is not a valid safetensors file ({err})") from err
     elif suffix == ".npz":
-        with np.load(path, allow_pickle=False) as npz:
-            tensors = {k: npz[k] for k in npz.files}
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                tensors = {k: npz[k] for k in npz.files}
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+            raise ValueError(f"{str(path)!r} is not a valid .npz file of arrays ({err})") from err
+        except AttributeError as err:   # np.load returned a single array (an .npy file named .npz)
+            raise ValueError(f"{str(path)!r} is not a valid .npz file of arrays (it holds one array)") from err
     elif suffix in TORCH_SUFFIXES:
         tensors = _torch_load(path)
     else:
@@ -42,7 +58,7 @@ def _torch_load(path: Path) -> Mapping:
     try:
         import torch
     except ImportError as err:
-        raise ImportError(f"reading {str(path)!r} needs torch (pip install 'layerscale-jax[timm]'); "
+        raise MissingDependencyError(f"reading {str(path)!r} needs torch (pip install 'layerscale-jax[timm]'); "
                           "safetensors and npz files need no torch") from err
     try:
         return torch.load(str(path), map_location="cpu", weights_only=True)

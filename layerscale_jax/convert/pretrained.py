@@ -4,7 +4,10 @@ Sources (``load_pretrained``):
 - a timm or official DeiT III / CaiT checkpoint: ``.safetensors``, ``.npz``, ``.pth``/``.pt``/``.bin`` (the latter
   through ``torch.load(weights_only=True)``), or an in-memory mapping ``name → array``;
 - a directory written by ``save_pretrained``: an orbax checkpoint of the ``nnx.Param`` pure dict in ``params/``
-  and ``model.json`` (the registry name and the overrides that rebuild the architecture).
+  and ``model.json`` (the registry name and the overrides that rebuild the architecture);
+- a training workdir (``python -m layerscale_jax.train --workdir DIR``): the parameters (or their EMA) of its newest
+  complete checkpoint in ``DIR/checkpoints/<step>/``, whose stored config says which model they belong to
+  (``load_workdir``).
 
 Loading adapts what a fine-tuning run legitimately changes and refuses everything else:
 - the block layout (unrolled ↔ scanned) is converted;
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 
 MODEL_JSON = "model.json"
 PARAMS_DIR = "params"
+CHECKPOINTS_DIR = "checkpoints"     # of a training workdir: <step>/state (orbax train state), <step>/config (JSON)
 FORMAT = "layerscale_jax.params/v1"
 STACKED = STACKED_KEY       # "blocks": the only subtree whose layout depends on scan_layers
 
@@ -184,11 +188,7 @@ def _orbax_source(path: Path) -> _Source:
     params_dir = (path / PARAMS_DIR).absolute()
     checkpointer = ocp.StandardCheckpointer()
     tree = checkpointer.metadata(params_dir).item_metadata.tree
-    try:
-        device = jax.local_devices(backend="cpu")[0]       # host memory: the arrays go through numpy anyway
-    except RuntimeError:
-        device = jax.local_devices()[0]
-    sharding = jax.sharding.SingleDeviceSharding(device)
+    sharding = jax.sharding.SingleDeviceSharding(_host_device())
     abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding), tree)
     restored = checkpointer.restore(params_dir, abstract)
     flat = {k: np.asarray(v) for k, v in flatten(restored).items()}
@@ -198,19 +198,115 @@ def _orbax_source(path: Path) -> _Source:
                    f"orbax checkpoint {str(path)!r}")
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Training workdirs.
+
+def is_training_workdir(path: str | Path) -> bool:
+    """Whether ``path`` is a training workdir (it has a ``checkpoints/`` directory and no ``model.json``)."""
+    path = Path(path)
+    return (path / CHECKPOINTS_DIR).is_dir() and not (path / MODEL_JSON).is_file()
+
+
+def workdir_checkpoint(workdir: str | Path, step: int | None = None) -> tuple[int, Path]:
+    """``(step, directory)`` of the newest complete checkpoint of a training workdir (or of ``step``).
+
+    Complete: orbax finished writing it (its directory has its final, numeric name) and it holds both the train
+    state and the config. Raises ``FileNotFoundError`` naming the workdir when there is none.
+    """
+    root = Path(workdir) / CHECKPOINTS_DIR
+    steps = sorted((int(d.name) for d in root.iterdir() if d.name.isdigit() and (d / "state").is_dir()
+                    and (d / "config").is_dir()), reverse=True) if root.is_dir() else []
+    if step is not None:
+        if step not in steps:
+            raise FileNotFoundError(f"training workdir {str(workdir)!r} has no complete checkpoint at step {step} "
+                                    f"(complete steps: {sorted(steps)})")
+        return step, root / str(step)
+    if not steps:
+        raise FileNotFoundError(f"training workdir {str(workdir)!r} has no complete checkpoint in {str(root)!r}")
+    return steps[0], root / str(steps[0])
+
+
+def workdir_config(workdir: str | Path, step: int | None = None) -> dict:
+    """The experiment config stored with a training workdir's newest complete checkpoint (or ``step``'s)."""
+    _, directory = workdir_checkpoint(workdir, step)
+    config_file = directory / "config" / "metadata"
+    try:
+        with open(config_file) as f:
+            config = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{str(config_file)!r}: the stored config cannot be read ({err})") from err
+    if not isinstance(config.get("model"), dict) or "name" not in config["model"]:
+        raise ValueError(f"{str(config_file)!r}: the stored config has no model section with a name")
+    return config
+
+
+def _workdir_model_config(config: dict, **overrides):
+    model = dict(config["model"])
+    return model["name"], model_config(model.pop("name"), **{**model, **overrides})
+
+
+def _workdir_source(workdir: Path, step: int | None = None, ema: bool | None = None) -> _Source:
+    """The parameters of a training checkpoint (``ema``: its EMA; None: the EMA when the run kept one, as its
+    evaluation did) in our flat naming, unrolled."""
+    import orbax.checkpoint as ocp
+
+    step, directory = workdir_checkpoint(workdir, step)
+    _, cfg = _workdir_model_config(workdir_config(workdir, step))
+    state_dir = (directory / "state").absolute()
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)        # orbax warns that the state item has no step metadata of its own
+    try:
+        checkpointer = ocp.PyTreeCheckpointer()
+        tree = checkpointer.metadata(state_dir).item_metadata.tree
+        key = ("ema" if "ema" in tree else "params") if ema is None else ("ema" if ema else "params")
+        if key not in tree:
+            raise ValueError(f"checkpoint {str(directory)!r} holds no EMA of the parameters "
+                             "(the run had optim.ema_decay=0); export its parameters instead")
+        sharding = jax.sharding.SingleDeviceSharding(_host_device())
+        abstract = {key: jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding),
+                                      tree[key])}
+        restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
+            item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract), partial_restore=True))
+    finally:
+        absl_logger.setLevel(level)
+    flat = {}
+    for name, value in flatten(restored[key]).items():
+        flat[name[:-len(".value")] if name.endswith(".value") else name] = np.asarray(value)
+    if cfg.scan_layers:
+        flat = _unstack(flat, cfg.depth)
+    log.info("%s: the %s of the checkpoint at step %d", workdir, "EMA parameters" if key == "ema" else "parameters",
+             step)
+    return _Source(flat, {k: k for k in flat}, {k: tuple(v.shape) for k, v in flat.items()}, "ours",
+                   f"training checkpoint {str(directory)!r} ({key})")
+
+
+def _host_device():
+    try:
+        return jax.local_devices(backend="cpu")[0]       # host memory: the arrays go through numpy anyway
+    except RuntimeError:
+        return jax.local_devices()[0]
+
+
 def _read_source(source) -> _Source:
+    if isinstance(source, _Source):
+        return source
     if isinstance(source, Mapping):
         return _timm_source(flatten_tensors(source), "the given state dict")
     path = Path(source)
     if path.is_dir():
+        if is_training_workdir(path):
+            return _workdir_source(path)
         if not (path / MODEL_JSON).is_file():
-            raise ValueError(f"{str(path)!r} is a directory without {MODEL_JSON}: not written by save_pretrained")
+            raise ValueError(f"{str(path)!r} is a directory without {MODEL_JSON} or {CHECKPOINTS_DIR}/: neither "
+                             "written by save_pretrained nor a training workdir")
         return _orbax_source(path)
     if is_timm_file(path):
         return _timm_source(read_state_dict(path), f"{str(path)!r}")
     if not path.exists():
         raise FileNotFoundError(f"pretrained source {str(path)!r} does not exist")
-    raise ValueError(f"{str(path)!r}: expected a .safetensors/.npz/.pth file or a save_pretrained directory")
+    raise ValueError(f"{str(path)!r}: expected a .safetensors/.npz/.pth file, a save_pretrained directory or a "
+                     "training workdir")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -436,7 +532,7 @@ def save_pretrained(model: nnx.Module, out_dir: str | Path, *, name: str | None 
     out = Path(out_dir).absolute()
     record = _registry_record(model.cfg, name)
     if (out / PARAMS_DIR).exists() and not overwrite:
-        raise FileExistsError(f"{str(out / PARAMS_DIR)!r} exists; pass overwrite=True to replace it")
+        raise FileExistsError(f"{str(out / PARAMS_DIR)!r} exists; pass overwrite=True (--overwrite) to replace it")
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(out / PARAMS_DIR, _param_tree(model), force=overwrite)
     checkpointer.wait_until_finished()
@@ -452,3 +548,14 @@ def load_model(path: str | Path, *, rngs: nnx.Rngs | None = None, **overrides) -
     and load its weights."""
     cfg = saved_config(path, **overrides)
     return _build_and_load(lambda r: create_from_config(cfg, rngs=r), path, rngs)
+
+
+def load_workdir(workdir: str | Path, *, step: int | None = None, ema: bool | None = None,
+                 rngs: nnx.Rngs | None = None, **overrides) -> tuple[nnx.Module, str]:
+    """``(model, registry name)``: the model a training run built (from the config stored with its checkpoint,
+    ``overrides`` on top, e.g. ``scan_layers``) holding the parameters of its newest complete checkpoint (or of
+    ``step``). ``ema``: True for the EMA of the parameters, False for the parameters, None (default) for the EMA
+    when the run kept one (the weights its evaluation used)."""
+    name, cfg = _workdir_model_config(workdir_config(workdir, step), **overrides)
+    source = _workdir_source(Path(workdir), step, ema)
+    return _build_and_load(lambda r: create_from_config(cfg, rngs=r), source, rngs), name

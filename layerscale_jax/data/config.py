@@ -33,10 +33,13 @@ Fields (`data.*`):
 """
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 
 import ml_collections
+
+from layerscale_jax.cli import did_you_mean
 
 DIGITS = "digits"
 SYNTHETIC = "synthetic"
@@ -156,7 +159,8 @@ def _check_unknown(obj, known, prefix):
         return
     unknown = sorted(fields - set(known))
     if unknown:
-        raise ValueError(f"unknown field(s) {', '.join(prefix + u for u in unknown)}; known: {sorted(known)}")
+        listed = ", ".join(f"{prefix}{u}{did_you_mean(u, known)}" for u in unknown)
+        raise ValueError(f"unknown field(s) {listed}; known: {sorted(known)}")
 
 
 def _int(value, field, minimum=None):
@@ -171,6 +175,8 @@ def _float(value, field, lo=None, hi=None, hi_open=False):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"data.{field} must be a number, got {value!r}")
     value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"data.{field} must be a finite number, got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and (value >= hi if hi_open else value > hi)):
         bracket = ")" if hi_open else "]"
         raise ValueError(f"data.{field} must be in [{lo}, {hi}{bracket}, got {value!r}")
@@ -196,14 +202,17 @@ def parse_randaugment(spec):
         )
     kwargs = {}
     for part in spec.split("-")[1:]:
-        if part.startswith("mstd"):
-            kwargs["magnitude_std"] = float(part[4:])
-        elif part.startswith("m"):
-            kwargs["magnitude"] = float(part[1:])
-        elif part.startswith("n"):
-            kwargs["num_ops"] = int(part[1:])
-        elif part.startswith("inc"):
-            kwargs["increasing"] = part == "inc1"
+        try:
+            if part.startswith("mstd"):
+                kwargs["magnitude_std"] = float(part[4:])
+            elif part.startswith("m"):
+                kwargs["magnitude"] = float(part[1:])
+            elif part.startswith("n"):
+                kwargs["num_ops"] = int(part[1:])
+            elif part.startswith("inc"):
+                kwargs["increasing"] = part == "inc1"
+        except ValueError:
+            raise ValueError(f"data.augment.randaugment={spec!r}: {part!r} is not a number") from None
     parsed = RandAugmentSpec(**kwargs)
     if not 0 <= parsed.magnitude <= 10 or parsed.num_ops < 1:
         raise ValueError(f"data.augment.randaugment needs 0 <= m <= 10 and n >= 1, got {spec!r}")
@@ -241,7 +250,7 @@ def validate_data_config(cfg):
     if (
         not isinstance(scale, (tuple, list))
         or len(scale) != 2
-        or not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in scale)
+        or not all(isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) for s in scale)
         or not 0 < scale[0] <= scale[1] <= 1
     ):
         raise ValueError(f"data.augment.crop_scale must be (min, max) with 0 < min <= max <= 1, got {scale!r}")

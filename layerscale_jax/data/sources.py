@@ -59,8 +59,14 @@ def tfds_builder(name, data_dir):
     try:
         return tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as e:
+        # TFDS's own message lists all ~450 dataset names; name the closest few instead.
+        from layerscale_jax.cli import did_you_mean
+
+        base = name.split("/")[0].split(":")[0]
+        known = [DIGITS, SYNTHETIC] + list(tfds.list_builders(with_community_datasets=False))
+        detail = did_you_mean(base, known) if base not in known else f" ({str(e).splitlines()[0]})"
         raise ValueError(
-            f"data.name={name!r} is neither 'digits', 'synthetic' nor a TFDS dataset name ({e})"
+            f"data.name={name!r} is neither 'digits', 'synthetic' nor a TFDS dataset name{detail}"
         ) from None
 
 

@@ -8,7 +8,7 @@ Fields (``default_config()``; override any of them from the command line, e.g. `
                             the tensors with weight decay, as timm's Lamb does when weight_decay > 0 (with
                             weight_decay = 0 timm adapts nothing; we still adapt the kernels); SGD is torch's SGD
                             (L2 ``wd·w`` added to the gradient, then heavy-ball momentum, no dampening/Nesterov).
-    learning_rate           peak learning rate (after warmup), > 0.
+    learning_rate           peak learning rate (after warmup), > 0 and finite (every number here must be finite).
     schedule                'cosine' | 'linear' | 'constant': the shape after warmup, per optimizer step.
     warmup_steps            linear warmup from 0 to ``learning_rate`` over this many steps (0 = none; with
                             warmup the first step has lr 0, as optax / big_vision / MAE).
@@ -36,7 +36,11 @@ Fields (``default_config()``; override any of them from the command line, e.g. `
 """
 from __future__ import annotations
 
+import math
+
 import ml_collections
+
+from layerscale_jax.cli import did_you_mean
 
 OPTIMIZERS = ("adamw", "lamb", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -81,6 +85,8 @@ def _number(config, field: str, low: float, high: float, *, low_open=False, high
     value = getattr(config, field)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"optim.{field}={value!r} must be a number")
+    if not math.isfinite(value):
+        raise ValueError(f"optim.{field}={value!r} must be a finite number")
     too_low = value <= low if low_open else value < low
     too_high = value >= high if high_open else value > high
     if too_low or too_high:
@@ -95,7 +101,8 @@ def validate_config(config, total_steps: int | None = None) -> None:
     known = set(default_config().keys())
     unknown = sorted(set(config.keys()) - known)
     if unknown:
-        raise ValueError(f"unknown optim option(s) {unknown}; valid options: {sorted(known)}")
+        listed = ", ".join(f"optim.{key}{did_you_mean(key, known)}" for key in unknown)
+        raise ValueError(f"unknown optim option(s) {listed}; valid options: {sorted(known)}")
     missing = sorted(known - set(config.keys()))
     if missing:
         raise ValueError(f"optim config lacks option(s) {missing}; start from optim.default_config()")

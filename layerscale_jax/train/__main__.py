@@ -3,10 +3,15 @@
 Multi-host jobs (TPU pods, GPU clusters): pass ``--coordinator_address host:port --num_processes N
 --process_id I`` (or ``--distributed`` to let ``jax.distributed.initialize`` read the cluster environment:
 SLURM, Open MPI, Kubernetes, Cloud TPU). Every process runs the same command.
+
+A mistake in the command line or the config is reported in one line (``error: ...``, exit status 2) before JAX
+starts: an unknown field names the closest valid ones, a bad value names the field and the value. ``--debug`` (or
+``LAYERSCALE_JAX_DEBUG=1``) adds the traceback.
 """
 from __future__ import annotations
 
 import logging
+import sys
 
 from layerscale_jax.runtime import reexec_with_huge_page_malloc
 
@@ -14,35 +19,139 @@ from layerscale_jax.runtime import reexec_with_huge_page_malloc
 if __name__ == "__main__":
     reexec_with_huge_page_malloc()
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
-FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).", lock_config=True)
-flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, TensorBoard logs and results.json.")
-flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() with the cluster's auto-detection.")
-flags.DEFINE_string("coordinator_address", None, "host:port of process 0 for jax.distributed.initialize.")
-flags.DEFINE_integer("num_processes", None, "Number of processes in the job.")
-flags.DEFINE_integer("process_id", None, "This process's index in the job.")
-flags.mark_flags_as_required(["config", "workdir"])
+from layerscale_jax.cli import UserError, did_you_mean, run_cli  # noqa: E402
+from layerscale_jax.train.config import load_config, validate_experiment_config  # noqa: E402
+
+CONFIG_FLAG = "config"
+_HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 
 
-def main(argv):
-    del argv
+def _define_flags(flag_values: flags.FlagValues) -> None:
+    """Every flag but --config (read by ``parse_command_line`` itself, then defined with the loaded config)."""
+    flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, TensorBoard logs and results.json.",
+                        flag_values=flag_values)
+    flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() with the cluster's auto-detection.",
+                      flag_values=flag_values)
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0 for jax.distributed.initialize.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("num_processes", None, "Number of processes in the job.", flag_values=flag_values)
+    flags.DEFINE_integer("process_id", None, "This process's index in the job.", flag_values=flag_values)
+    flags.DEFINE_bool("debug", False, "Print the traceback of an error as well (or set LAYERSCALE_JAX_DEBUG=1).",
+                      flag_values=flag_values)
+
+
+def _split_config_args(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
+    """``(config spec, --config.X overrides, the other arguments)``; ``--config X`` and ``--config=X`` both work."""
+    spec, overrides, rest = None, [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name = arg.lstrip("-").split("=", 1)[0]
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        takes_next = "=" not in arg and following is not None and not following.startswith("-")
+        if arg.startswith("-") and name == CONFIG_FLAG:
+            if "=" not in arg and following is None:
+                raise UserError("--config needs a value: --config configs/NAME.py[:arg]")
+            spec = arg.split("=", 1)[1] if "=" in arg else following
+            i += 1 if "=" in arg else 2
+        elif arg.startswith("-") and (name.startswith(CONFIG_FLAG + ".") or name.startswith(f"no{CONFIG_FLAG}.")):
+            overrides += [arg, following] if takes_next else [arg]    # '--config.a.b value' or a bool '--config.a.b'
+            i += 2 if takes_next else 1
+        else:
+            rest.append(arg)
+            i += 1
+    return spec, overrides, rest
+
+
+def _leaf_paths(config, prefix: str = "") -> list[str]:
+    paths = []
+    for key in config.keys():
+        path = prefix + key
+        paths.append(path)
+        value = config[key]
+        if hasattr(value, "keys") and not isinstance(value, (str, bytes)):
+            paths += _leaf_paths(value, path + ".")
+    return paths
+
+
+def check_override_paths(config, overrides: list[str]) -> None:
+    """Refuse ``--config.X`` overrides whose field does not exist, naming the closest existing fields."""
+    paths = [f"{CONFIG_FLAG}.{p}" for p in _leaf_paths(config)]
+    for arg in overrides:
+        if not arg.startswith("-"):
+            continue                                           # the value of a '--config.a.b value' pair
+        name = arg.lstrip("-").split("=", 1)[0]
+        path = name.split(".", 1)[1] if "." in name else ""
+        node = config
+        for key in path.split("."):
+            if not hasattr(node, "keys") or key not in node.keys():
+                raise UserError(f"unknown config field {CONFIG_FLAG}.{path}{did_you_mean(f'{CONFIG_FLAG}.{path}', paths)}")
+            node = node[key]
+
+
+def parse_command_line(argv: list[str]) -> flags.FlagValues:
+    """Parse ``argv`` (without the program name): the flags, the config file, its overrides, all validated.
+
+    Returns the parsed flags; ``.config`` is the validated, locked experiment config. Raises ``UserError`` or
+    ``ValueError`` naming the flag, the config field or the file.
+    """
+    spec, overrides, rest = _split_config_args(argv)
+    flag_values = flags.FlagValues()
+    _define_flags(flag_values)
+    if spec is None:
+        raise UserError("--config is required: --config configs/NAME.py[:arg] --workdir DIR")
+    config = load_config(spec)
+    check_override_paths(config, overrides)
+    argv_for_flags = ["layerscale_jax.train"] + overrides + rest
+    config_flags.DEFINE_config_dict(CONFIG_FLAG, config, "The experiment config.", flag_values=flag_values,
+                                    lock_config=True, sys_argv=argv_for_flags)
+    try:
+        unparsed = flag_values(argv_for_flags)
+    except flags.Error as err:
+        raise UserError(str(err)) from err
+    if len(unparsed) > 1:
+        raise UserError(f"unexpected argument(s) {unparsed[1:]} (flags are written --name=value)")
+    if not flag_values.workdir:
+        raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
+    validate_experiment_config(flag_values[CONFIG_FLAG].value)
+    return flag_values
+
+
+def _print_help() -> None:
+    flag_values = flags.FlagValues()
+    flags.DEFINE_string(CONFIG_FLAG, None, "Experiment config file: configs/NAME.py[:arg]. Any field can then be "
+                        "overridden with --config.SECTION.FIELD=VALUE.", flag_values=flag_values)
+    _define_flags(flag_values)
+    print(__doc__)
+    print(flag_values.get_help())
+
+
+def main(argv: list[str]) -> int:
+    """The job, from its arguments (without the program name); see the module docstring."""
+    if any(arg in _HELP_FLAGS for arg in argv):
+        _print_help()
+        return 0
+    parsed = parse_command_line(argv)
+    config = parsed[CONFIG_FLAG].value
+    flags.FLAGS.mark_as_parsed()             # absl logging (used by orbax) otherwise warns about unparsed flags
     import jax
 
-    if FLAGS.coordinator_address or FLAGS.distributed:
+    if parsed.coordinator_address or parsed.distributed:
         # Cross-process collectives for CPU-only jobs (tests, debugging); GPUs and TPUs use their own.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
-                                   num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+        jax.distributed.initialize(coordinator_address=parsed.coordinator_address,
+                                   num_processes=parsed.num_processes, process_id=parsed.process_id)
     logging.getLogger("absl").setLevel(logging.WARNING)
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)
     from layerscale_jax.train.loop import train_and_evaluate
 
-    train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    train_and_evaluate(config, parsed.workdir)
+    return 0
 
 
 if __name__ == "__main__":
-    app.run(main)
+    sys.exit(run_cli(main))

@@ -6,11 +6,12 @@ overrides, passed to ``create_model``), ``data`` (``layerscale_jax.data.config``
 
 ``train`` fields:
   steps               optimizer steps of the run.
-  batch_size          global train batch (all processes together); must divide by the process count and by
-                      the number of devices on the mesh's batch axes (data × fsdp).
+  batch_size          global train batch (all processes together); must divide by the number of devices on
+                      the mesh's batch axes (data × fsdp). Each process reads the rows its devices hold.
   eval_batch_size     global eval batch (padded at the end of the test split; padding is not counted).
   seed                seeds parameters, data order, augmentation, Mixup/CutMix and stochastic depth.
-  log_every           steps between metric lines (the only per-step device → host syncs).
+  log_every           steps between metric lines: the only device → host syncs, and with several processes the
+                      only steps where a preemption signal (SIGTERM) to any process is acted on.
   eval_every          steps between evaluations on the test split (0: only at the end).
   checkpoint_every    steps between checkpoints (0: only at the end and on preemption).
   keep_checkpoints    the newest checkpoints kept (the best one by test accuracy is kept as well).
@@ -22,27 +23,48 @@ overrides, passed to ``create_model``), ``data`` (``layerscale_jax.data.config``
                       ``.safetensors`` / ``.npz`` / ``.pth`` file; its weights initialise the model.
   stop_after_steps    0, or stop (saving a checkpoint) after this many steps of this process's run, as if
                       preempted: a way to split a long job into shorter slots.
+
+``load_config(spec)`` reads a config file (``configs/X.py[:arg]``) and ``validate_experiment_config(config)``
+checks all four sections where the config enters (the command line calls both before anything else starts):
+unknown sections and fields are refused with the closest valid names, every number must be finite and in range,
+and each error names the field and the value.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import math
+import os
+import sys
 
 import ml_collections
 
+from layerscale_jax.cli import UserError, did_you_mean
 from layerscale_jax.models import model_config
-from layerscale_jax.train.sharding import DEFAULT_RULES
+from layerscale_jax.models.registry import get_entry
+from layerscale_jax.train.sharding import DEFAULT_RULES, MESH_AXES
 
 NONFINITE_MODES = ("raise", "skip")
 
 
 def model_section(name: str, **overrides) -> ml_collections.ConfigDict:
-    """``config.model``: the registry name and every architecture field (so any can be overridden by flag)."""
+    """``config.model``: the registry name and every architecture field (so any can be overridden by flag).
+
+    A ConfigDict field takes the type of its first value, and ``--config.model.X=...`` is parsed as that type. So
+    float fields are stored as floats (``mlp_ratio=4`` would otherwise refuse ``--config.model.mlp_ratio=2.5``),
+    and ``init_values`` (a float or ``'auto'``) is a field of any type, parsed as a Python literal: ``1e-4`` gives
+    a float, ``auto`` the string.
+    """
     arch = model_config(name, **overrides)
     section = ml_collections.ConfigDict({"name": name})
     for field in dataclasses.fields(arch):
         value = getattr(arch, field.name)
         if field.name in ("dtype", "param_dtype"):
             value = value.__name__ if hasattr(value, "__name__") else str(value)
+        elif field.type in ("float", float):
+            value = float(value)
+        elif field.type in ("float | str", "str | float"):
+            value = ml_collections.FieldReference(value, field_type=object)
         section[field.name] = value
     return section
 
@@ -71,17 +93,115 @@ def default_train_config() -> ml_collections.ConfigDict:
     })
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_fields(section, known, prefix: str) -> None:
+    """Refuse fields of ``section`` that are not in ``known``, naming the closest valid ones."""
+    unknown = sorted(set(section.keys()) - set(known))
+    if unknown:
+        listed = ", ".join(f"{prefix}{key}{did_you_mean(key, known)}" for key in unknown)
+        raise ValueError(f"unknown config field(s) {listed}; valid fields of {prefix.rstrip('.') or 'a config'}: "
+                         f"{', '.join(sorted(known))}")
+
+
 def validate_train_config(train) -> None:
+    """Check ``config.train``: unknown fields, integer ranges, the mesh axes and ``nonfinite``."""
+    defaults = default_train_config()
+    _check_fields(train, defaults.keys(), "train.")
     for field in ("steps", "batch_size", "eval_batch_size", "log_every", "keep_checkpoints"):
         value = train[field]
-        if not isinstance(value, int) or value < 1:
+        if not _is_int(value) or value < 1:
             raise ValueError(f"train.{field}={value!r} must be a positive integer")
-    for field in ("eval_every", "checkpoint_every", "stop_after_steps"):
+    for field in ("eval_every", "checkpoint_every", "stop_after_steps", "seed"):
         value = train[field]
-        if not isinstance(value, int) or value < 0:
+        if not _is_int(value) or value < 0:
             raise ValueError(f"train.{field}={value!r} must be a non-negative integer")
+    _check_fields(train.mesh, MESH_AXES, "train.mesh.")
+    for axis in MESH_AXES:
+        value = train.mesh.get(axis, 1)
+        if not _is_int(value) or (value < 1 and value != -1):
+            raise ValueError(f"train.mesh.{axis}={value!r} must be a positive integer or -1 (the remaining devices)")
     if train.nonfinite not in NONFINITE_MODES:
         raise ValueError(f"train.nonfinite={train.nonfinite!r} is not one of {NONFINITE_MODES}")
+    if not isinstance(train.init_from, str):
+        raise ValueError(f"train.init_from={train.init_from!r} must be '' or a path")
+
+
+def validate_model_section(model) -> None:
+    """Check ``config.model``: a registered name, known fields (with the closest names), finite numbers, and
+    everything ``create_model`` checks (divisibility, ranges, choices), without building anything."""
+    name = model.get("name")
+    if not isinstance(name, str):
+        raise ValueError(f"model.name={name!r} must be a registered model name")
+    entry = get_entry(name)                                    # an unknown name lists the closest registered ones
+    fields = {f.name for f in dataclasses.fields(entry.config_cls)}
+    _check_fields(model, fields | {"name"}, "model.")
+    for key, value in model_overrides(model).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"model.{key}={value!r} must be a finite number")
+    try:
+        model_config(name, **model_overrides(model))
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"model ({name}): {err}") from err
+
+
+SECTIONS = ("model", "data", "optim", "train")
+
+
+def validate_experiment_config(config) -> None:
+    """Check a whole experiment config (the four sections) where it enters; raises ``ValueError`` naming the
+    field and the value. Nothing is built and no device is touched."""
+    from layerscale_jax.data.config import validate_data_config
+    from layerscale_jax.optim.config import validate_config as validate_optim_config
+
+    _check_fields(config, SECTIONS, "")
+    missing = [s for s in SECTIONS if s not in config]
+    if missing:
+        raise ValueError(f"config lacks section(s) {missing}; a config has the sections {list(SECTIONS)}")
+    validate_model_section(config.model)
+    validate_data_config(config.data)
+    validate_train_config(config.train)
+    validate_optim_config(config.optim, total_steps=config.train.steps)
+
+
+def load_config(spec: str) -> ml_collections.ConfigDict:
+    """The config of ``configs/X.py[:arg]``: the file's ``get_config(arg)`` (``get_config()`` without an
+    argument). Raises ``UserError`` naming the file for a missing or unreadable file, ``ValueError`` for a bad
+    argument."""
+    path, arg = spec, None
+    if not os.path.isfile(path) and ":" in spec:
+        path, arg = spec.split(":", 1)
+    if not os.path.exists(path):
+        raise UserError(f"config file {path!r} does not exist")
+    if not os.path.isfile(path) or not path.endswith(".py"):
+        raise UserError(f"config file {path!r} is not a Python file (expected configs/NAME.py[:arg])")
+    module_name = "layerscale_jax_config_" + os.path.splitext(os.path.basename(path))[0]
+    try:
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    except SyntaxError as err:
+        raise UserError(f"config file {path!r} is not valid Python (line {err.lineno}: {err.msg})") from err
+    except ImportError as err:
+        raise UserError(f"config file {path!r} cannot be imported: {err}") from err
+    get_config = getattr(module, "get_config", None)
+    if not callable(get_config):
+        raise UserError(f"config file {path!r} defines no get_config() function")
+    try:
+        config = get_config(arg) if arg is not None else get_config()
+    except ValueError as err:
+        raise ValueError(f"config file {spec!r}: {err}") from err
+    except TypeError as err:
+        if arg is not None and "positional argument" in str(err):
+            raise UserError(f"config file {path!r} takes no argument, got {arg!r}") from err
+        raise
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise UserError(f"config file {path!r}: get_config() returned a {type(config).__name__}, "
+                        "not an ml_collections.ConfigDict")
+    sys.modules.pop(module_name, None)
+    return config
 
 
 def parse_config_arg(arg: str | None, allowed: dict) -> dict:
@@ -97,14 +217,22 @@ def parse_config_arg(arg: str | None, allowed: dict) -> dict:
             raise ValueError(f"config argument {item!r} is not key=value (accepted keys: {sorted(allowed)})")
         key, value = (s.strip() for s in item.split("=", 1))
         if key not in allowed:
-            raise ValueError(f"config argument key {key!r} is not one of {sorted(allowed)}")
+            raise ValueError(f"config argument key {key!r} is not one of {sorted(allowed)}"
+                             f"{did_you_mean(key, allowed)}")
         default = allowed[key]
         if isinstance(default, bool):
+            if value.lower() not in ("1", "true", "yes", "0", "false", "no"):
+                raise ValueError(f"config argument {key}={value!r} is not a bool (true/false)")
             result[key] = value.lower() in ("1", "true", "yes")
-        elif isinstance(default, int):
-            result[key] = int(value)
-        elif isinstance(default, float):
-            result[key] = float(value)
+        elif isinstance(default, (int, float)):
+            kind = int if isinstance(default, int) else float
+            try:
+                result[key] = kind(value)
+            except ValueError:
+                raise ValueError(f"config argument {key}={value!r} is not a{'n int' if kind is int else ' number'}"
+                                 ) from None
+            if kind is float and not math.isfinite(result[key]):
+                raise ValueError(f"config argument {key}={value!r} must be a finite number")
         else:
             result[key] = value
     return result

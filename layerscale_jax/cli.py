@@ -1,0 +1,152 @@
+"""How every command-line entry point reports a user's mistake: ``error: ...`` on one line, exit status 2.
+
+``python -m layerscale_jax.train``, ``.convert``, ``.bench`` and ``.data.prepare`` run their main function through
+``run_cli``. A mistake in what the user gave — the config (a bad value, an unknown field), an input file, a dataset
+name, the devices, the disk — is printed as one line on stderr, ``error: <what was wrong, naming the field or the
+file>``, and the process exits with status 2. Anything else (a bug) keeps its traceback. ``--debug`` anywhere on
+the command line, or ``LAYERSCALE_JAX_DEBUG=1`` in the environment, prints the traceback of a user error as well.
+
+What counts as a user error (``is_user_error``): ``UserError`` (raised where our code checks its input);
+``ValueError`` (every config and argument check in the package raises it, naming the field and the value);
+``OSError`` (missing, unreadable or wrongly typed files, a full disk); ``FloatingPointError`` (a run that diverged:
+its message names the step and the last complete checkpoint); argparse usage errors; a device backend that cannot
+start, and running out of device memory.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import errno
+import os
+import sys
+import traceback
+from typing import Callable, Iterable, Sequence
+
+DEBUG_ENV = "LAYERSCALE_JAX_DEBUG"
+DEBUG_FLAG = "--debug"
+EXIT_USER_ERROR = 2
+MAX_MESSAGE_CHARS = 2000          # a longer message (e.g. hundreds of mismatched keys) is cut; --debug shows it all
+
+# A disk or permission problem is a user error even when a library wraps it in its own exception type.
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+class UserError(Exception):
+    """A mistake in the user's input (config, file, dataset, devices, disk), reported in one line without a
+    traceback by ``run_cli``. Raise it where the input enters, naming the field or the file and the value."""
+
+
+def close_matches(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """The candidates closest to ``word`` (difflib), best first."""
+    return difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """``" (did you mean 'a' or 'b'?)"`` for the close matches of ``word``, or ``""`` when there are none."""
+    matches = close_matches(word, candidates)
+    if not matches:
+        return ""
+    quoted = [repr(m) for m in matches]
+    listed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+    return f" (did you mean {listed}?)"
+
+
+def debug_enabled(argv: Sequence[str] = ()) -> bool:
+    return DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def _disk_cause(err: BaseException) -> OSError | None:
+    """A disk or permission ``OSError`` anywhere in ``err``'s chain of causes."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _ENVIRONMENT_ERRNOS:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _device_error(err: BaseException) -> bool:
+    """A backend that cannot start (``JAX_PLATFORMS=cuda`` without a GPU) or an exhausted device memory."""
+    text = str(err)
+    if isinstance(err, RuntimeError) and text.startswith("Unable to initialize backend"):
+        return True
+    return type(err).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and "RESOURCE_EXHAUSTED" in text
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Whether ``run_cli`` reports ``err`` as a one-line user error (see the module docstring)."""
+    return (isinstance(err, (UserError, ValueError, OSError, FloatingPointError)) or _device_error(err)
+            or _disk_cause(err) is not None)
+
+
+def one_line(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``message`` on one line: its lines joined (after a ':' with a space, otherwise with '; '), cut at ``limit``."""
+    lines = [" ".join(line.split()) for line in str(message).splitlines()]
+    text = ""
+    for line in filter(None, lines):
+        text = line if not text else text + (" " if text.endswith(":") else "; ") + line
+    if len(text) > limit:
+        text = (text[:limit].rstrip() + f" ... [{len(text) - limit} more characters: rerun with {DEBUG_FLAG} or "
+                f"{DEBUG_ENV}=1 for the whole message]")
+    return text
+
+
+def error_line(err: BaseException) -> str:
+    """The one line ``run_cli`` prints for a user error: ``error: <message>``."""
+    message = str(err)
+    disk = _disk_cause(err)
+    if disk is not None and disk is not err and str(disk) not in message:
+        message = f"{message}: {disk}" if message else str(disk)
+    if not message:
+        message = type(err).__name__
+    if _device_error(err):
+        message = "device: " + message
+    return "error: " + one_line(message)
+
+
+def _raise_usage_error(parser: argparse.ArgumentParser, message: str):
+    raise UserError(f"{message} (usage: {parser.prog} --help)")
+
+
+@contextlib.contextmanager
+def _argparse_errors_raise():
+    """argparse's usage errors (two lines and exit status 2) raise ``UserError`` instead, so that ``run_cli``
+    prints them in one line like every other user error — also for parsers built elsewhere (e.g. the bench's)."""
+    original = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = _raise_usage_error
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original
+
+
+def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> int:
+    """Run ``main(argv)`` (argv without the program name; default ``sys.argv[1:]``) and return its exit status.
+
+    A user error (``is_user_error``) prints ``error: ...`` on one line to stderr and returns 2; with ``--debug``
+    (taken out of ``argv`` before ``main`` sees it) or ``LAYERSCALE_JAX_DEBUG=1`` its traceback is printed first.
+    ``SystemExit`` with a message is a user error too; with a number it passes through. Anything else propagates
+    with its traceback.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_enabled(argv)
+    argv = [a for a in argv if a != DEBUG_FLAG]
+    try:
+        with _argparse_errors_raise():
+            status = main(argv)
+        return 0 if status is None else int(status)
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):
+            print("error: " + one_line(exit_.code), file=sys.stderr, flush=True)
+            return EXIT_USER_ERROR
+        raise
+    except Exception as err:  # noqa: BLE001 - classified below; everything that is not a user error re-raises
+        if not is_user_error(err):
+            raise
+        sys.stdout.flush()
+        if debug:
+            traceback.print_exc()
+        print(error_line(err), file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
