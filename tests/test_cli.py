@@ -44,6 +44,8 @@ def files(tmp_path_factory):
     (root / "not_python.txt").write_text("x = 1\n")
     (root / "broken_config.py").write_text("def get_config(:\n")
     (root / "no_get_config.py").write_text("X = 1\n")
+    (root / "locked").mkdir()
+    (root / "locked" / "lock.json").write_text('{"host": "other-host", "pid": 4242, "started": "2026-01-01T00:00:00"}')
     save_file({f"blocks.{i}.unrelated": np.zeros(3, np.float32) for i in range(300)},
               str(root / "wrong_keys.safetensors"))
     return root
@@ -86,6 +88,7 @@ def _bad_inputs(f, tmp):
         # train: found when the run starts (dataset, devices)
         (train_main, ["--config", DIGITS, *wd, "--config.data.name=cifar1"], ["cifar1", "did you mean 'cifar10'"]),
         (train_main, ["--config", DIGITS, *wd, "--config.train.mesh.data=3"], ["mesh", "needs 3 devices"]),
+        (train_main, ["--config", TINY, "--workdir", str(f / "locked")], ["in use", "other-host"]),
         # convert: files and models
         (convert_main, model + ["--source", str(f / "text.safetensors"), *conv_out],
          ["text.safetensors", "not a valid safetensors file"]),
@@ -131,9 +134,9 @@ def test_every_bad_input_gives_one_error_line_and_exit_status_2(files, tmp_path,
     assert not failures, f"{len(failures)} of {len(cases)} bad inputs misreported:\n" + "\n".join(failures)
 
 
-def _subprocess(module, *args, debug=False):
+def _subprocess(module, *args, debug=False, **env_vars):
     env = {k: v for k, v in os.environ.items() if k != DEBUG_ENV}
-    env.update(LAYERSCALE_JAX_HUGEPAGES="0", PYTHONPATH=ROOT, **({DEBUG_ENV: "1"} if debug else {}))
+    env.update(LAYERSCALE_JAX_HUGEPAGES="0", PYTHONPATH=ROOT, **({DEBUG_ENV: "1"} if debug else {}), **env_vars)
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=300)
 
@@ -145,6 +148,13 @@ def test_unknown_config_field_in_a_real_process_is_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "error: unknown config field config.model.dept (did you mean 'config.model.depth', 'config.model.remat' or "
         "'config.model.dtype'?)"]
+
+
+def test_missing_device_backend_in_a_real_process_is_one_line(tmp_path):
+    proc = _subprocess("layerscale_jax.train", "--config", TINY, "--workdir", str(tmp_path), JAX_PLATFORMS="tpu")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("error: no JAX device backend could start (JAX_PLATFORMS=tpu)")
 
 
 def test_debug_switch_adds_the_traceback(files, tmp_path):

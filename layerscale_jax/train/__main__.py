@@ -11,6 +11,7 @@ starts: an unknown field names the closest valid ones, a bad value names the fie
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from layerscale_jax.runtime import reexec_with_huge_page_malloc
@@ -129,6 +130,18 @@ def _print_help() -> None:
     print(flag_values.get_help())
 
 
+def _check_devices(jax) -> None:
+    """Start the device backend now, so that a missing one (``JAX_PLATFORMS=cuda`` on a machine without a GPU or
+    without jax's CUDA plugin) is one clear error rather than a traceback from deep inside JAX."""
+    try:
+        jax.devices()
+    except (RuntimeError, AssertionError) as err:          # jax 0.12 asserts when no requested platform starts
+        platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "(auto)"
+        raise UserError(f"no JAX device backend could start (JAX_PLATFORMS={platforms}): "
+                        f"{str(err).splitlines()[0] if str(err) else type(err).__name__}; check the "
+                        "accelerator, its jax plugin, or set JAX_PLATFORMS=cpu") from err
+
+
 def main(argv: list[str]) -> int:
     """The job, from its arguments (without the program name); see the module docstring."""
     if any(arg in _HELP_FLAGS for arg in argv):
@@ -144,12 +157,20 @@ def main(argv: list[str]) -> int:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=parsed.coordinator_address,
                                    num_processes=parsed.num_processes, process_id=parsed.process_id)
+    _check_devices(jax)
     logging.getLogger("absl").setLevel(logging.WARNING)
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)
+    from layerscale_jax.train.checkpoint import CheckpointSaveError, NoUsableCheckpointError
     from layerscale_jax.train.loop import train_and_evaluate
+    from layerscale_jax.train.workdir import WorkdirError
 
-    train_and_evaluate(config, parsed.workdir)
+    try:
+        train_and_evaluate(config, parsed.workdir)
+    except (WorkdirError, CheckpointSaveError, NoUsableCheckpointError) as err:
+        # The workdir is in use or holds another experiment, a save failed (disk, permissions), no checkpoint is
+        # usable: each message names the cause and what to do, so it is reported like any other user error.
+        raise UserError(str(err)) from err
     return 0
 
 
