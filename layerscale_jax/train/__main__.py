@@ -85,11 +85,11 @@ def check_override_paths(config, overrides: list[str]) -> None:
         if not arg.startswith("-"):
             continue                                           # the value of a '--config.a.b value' pair
         name = arg.lstrip("-").split("=", 1)[0]
-        path = name.split(".", 1)[1] if "." in name else ""
+        field = f"{CONFIG_FLAG}.{name.split('.', 1)[1]}" if "." in name else CONFIG_FLAG
         node = config
-        for key in path.split("."):
+        for key in field.split(".")[1:]:
             if not hasattr(node, "keys") or key not in node.keys():
-                raise UserError(f"unknown config field {CONFIG_FLAG}.{path}{did_you_mean(f'{CONFIG_FLAG}.{path}', paths)}")
+                raise UserError(f"unknown config field {field}{did_you_mean(field, paths)}")
             node = node[key]
 
 
