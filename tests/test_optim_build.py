@@ -133,13 +133,18 @@ def test_unrolled_and_scanned_layouts_give_identical_updates(name, optimizer):
     assert np.all(np.asarray(last["blocks"]["attn"]["qkv"]["kernel"][0]) != 0)  # its neighbours train
 
 
-def test_scanned_layout_labels_stacked_params_and_unrolled_one_label_per_group():
-    unrolled = optim.build(config(layer_decay=0.7), tiny(), total_steps=5)
-    labels = nnx.to_pure_dict(unrolled.labels)
-    assert labels["blocks"][1]["attn"]["qkv"]["kernel"] == "layer_2"
-    assert labels["cls_token"] == "layer_0" and labels["head"]["kernel"] == "layer_3"
-    scanned = optim.build(config(layer_decay=0.7), tiny(scan_layers=True), total_steps=5)
-    assert nnx.to_pure_dict(scanned.labels)["blocks"]["attn"]["qkv"]["kernel"] == "stacked"
+def test_partition_has_two_labels_and_layer_decay_is_a_multiplier_in_both_layouts():
+    for scan in (False, True):
+        bundle = optim.build(config(layer_decay=0.7, freeze=("cls_token",)), tiny(scan_layers=scan), total_steps=5)
+        labels = nnx.to_pure_dict(bundle.labels)
+        assert set(jax.tree.leaves(labels)) == {"trainable", "frozen"}
+        assert labels["cls_token"] == "frozen" and labels["head"]["kernel"] == "trainable"
+        # One base optimizer for every trainable parameter, whatever the number of layer groups: Adam's mu and nu
+        # per trainable leaf plus two step counts (Adam's and the schedule's).
+        params = nnx.state(tiny(scan_layers=scan), nnx.Param)
+        state = jax.eval_shape(bundle.tx.init, params)
+        trainable_leaves = len(jax.tree.leaves(params)) - 1
+        assert len(jax.tree.leaves(state)) == 2 * trainable_leaves + 2
 
 
 # ---- freezing ----------------------------------------------------------------------------------------------

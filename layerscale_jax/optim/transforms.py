@@ -62,13 +62,17 @@ def zero_frozen(trainable: Table) -> optax.GradientTransformation:
 
 
 def scale_by_multiplier(multipliers: Table) -> optax.GradientTransformation:
-    """Multiply each update by its parameter's multiplier: a layer-decay scale, or one scale per layer along the
-    leading axis of a stacked parameter (the scanned layout's equivalent of one ``optax.partition`` label per layer).
-    """
+    """Multiply each update by its parameter's multiplier: a layer-decay scale ``s_i``, or one scale per layer along
+    the leading axis of a stacked parameter. A multiplier of exactly 1 adds no operation. Placed after the base
+    optimizer, this is the same update as one base optimizer per layer group followed by ``optax.scale(s_i)``
+    (see ``layerscale_jax.optim.build``)."""
+
+    def apply(path, u):
+        multiplier = np.asarray(lookup(multipliers, path, "scale_by_multiplier"))
+        return u if np.all(multiplier == 1.0) else u * along_layers(multiplier, u)
 
     def update_fn(updates, state, params=None):
-        return _map(lambda path, u: u * along_layers(lookup(multipliers, path, "scale_by_multiplier"), u),
-                    updates), state
+        return _map(apply, updates), state
 
     return _stateless(update_fn)
 
