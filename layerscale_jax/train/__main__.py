@@ -161,16 +161,9 @@ def main(argv: list[str]) -> int:
     logging.getLogger("absl").setLevel(logging.WARNING)
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)
-    from layerscale_jax.train.checkpoint import CheckpointSaveError, NoUsableCheckpointError
     from layerscale_jax.train.loop import train_and_evaluate
-    from layerscale_jax.train.workdir import WorkdirError
 
-    try:
-        train_and_evaluate(config, parsed.workdir)
-    except (WorkdirError, CheckpointSaveError, NoUsableCheckpointError) as err:
-        # The workdir is in use or holds another experiment, a save failed (disk, permissions), no checkpoint is
-        # usable: each message names the cause and what to do, so it is reported like any other user error.
-        raise UserError(str(err)) from err
+    train_and_evaluate(config, parsed.workdir)   # workdir, save and checkpoint problems raise UserErrors
     return 0
 
 

@@ -35,6 +35,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocm
 
+from layerscale_jax.cli import UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -42,11 +44,11 @@ class NonFiniteStateError(RuntimeError):
     pass
 
 
-class CheckpointSaveError(RuntimeError):
+class CheckpointSaveError(UserError):
     """A checkpoint could not be written; the message names the cause and the last complete checkpoint."""
 
 
-class NoUsableCheckpointError(RuntimeError):
+class NoUsableCheckpointError(UserError):
     """Checkpoints exist in the workdir but none of them can be restored."""
 
 

@@ -26,7 +26,7 @@ from layerscale_jax.data.sharding import process_batch_rows
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import workdir as workdir_lib
 from layerscale_jax.train.checkpoint import Checkpointer, as_path, to_jsonable
-from layerscale_jax.train.config import model_overrides, validate_train_config
+from layerscale_jax.train.config import model_overrides, validate_experiment_config, validate_train_config
 from layerscale_jax.train.metrics import MetricsWriter, layerscale_statistics
 from layerscale_jax.train.step import init_train_state, make_eval_step, make_train_step
 
@@ -232,7 +232,7 @@ def train_and_evaluate(config, workdir, devices=None) -> dict:
     ``devices`` (default: all) are arranged into the config's mesh. A finished workdir returns its stored results
     without training; a workdir of a different config is refused (``workdir.WorkdirError``).
     """
-    validate_train_config(config.train)
+    validate_experiment_config(config)
     tc = config.train
     workdir = as_path(workdir)
     is_primary = jax.process_index() == 0

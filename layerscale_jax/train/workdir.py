@@ -11,6 +11,7 @@ import time
 
 from etils import epath
 
+from layerscale_jax.cli import UserError
 from layerscale_jax.train.checkpoint import as_path
 
 # Config fields that may differ between the run that wrote a workdir and the run that resumes it: they change how
@@ -22,7 +23,7 @@ RESUMABLE_CHANGES = (
 )
 
 
-class WorkdirError(RuntimeError):
+class WorkdirError(UserError):
     """The workdir cannot be used as asked (another job holds it, or it belongs to a different experiment)."""
 
 

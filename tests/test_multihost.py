@@ -1,0 +1,128 @@
+"""Several processes through the CLI (2 processes × 2 CPU devices, gloo collectives) against one process holding all
+4 devices: every mesh layout, resume on another process count, a preemption signal to one process."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from layerscale_jax.train import loop as loop_lib
+
+from test_train import TINY, read_metrics, subprocess_env, tiny_config
+
+STEPS = 8
+# 4 heads, so that tensor=4 splits them; checkpoints every 4 steps.
+OVERRIDES = {"model.num_heads": 4, "train.checkpoint_every": 4}
+
+
+def config(**train):
+    cfg = tiny_config(f"steps={STEPS}")
+    cfg.model.num_heads = OVERRIDES["model.num_heads"]
+    cfg.train.checkpoint_every = OVERRIDES["train.checkpoint_every"]
+    for key, value in train.items():
+        cfg.train[key] = value
+    return cfg
+
+
+def flags(mesh=None, **train):
+    out = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+    out += [f"--config.train.mesh.{axis}={size}" for axis, size in (mesh or {}).items()]
+    out += [f"--config.train.{k}={v}" for k, v in train.items()]
+    return out
+
+
+def launch(workdir, *extra, processes=2):
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    return [subprocess.Popen([sys.executable, "-m", "layerscale_jax.train", f"--config={TINY}:steps={STEPS}",
+                              f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
+                              f"--num_processes={processes}", f"--process_id={i}", *extra],
+                             env=subprocess_env(4 // processes), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+            for i in range(processes)]
+
+
+def finish(procs, timeout=300):
+    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n\n".join(outputs)
+    return outputs
+
+
+def losses(workdir):
+    return {r["step"]: r["train_loss"] for r in read_metrics(workdir) if "train_loss" in r}
+
+
+def results(workdir):
+    with open(os.path.join(workdir, "results.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The reference: one process holding 4 devices, pure data parallel."""
+    workdir = str(tmp_path_factory.mktemp("one_process"))
+    loop_lib.train_and_evaluate(config(mesh={"data": 4, "fsdp": 1, "tensor": 1}), workdir, devices=jax.devices()[:4])
+    return workdir
+
+
+def assert_same_run(workdir, reference, steps=range(1, STEPS + 1)):
+    got, want = losses(workdir), losses(reference)
+    np.testing.assert_allclose([got[s] for s in steps], [want[s] for s in steps], atol=1e-5)
+
+
+@pytest.mark.parametrize("mesh", [{"data": 4}, {"data": 1, "fsdp": 4}, {"data": 1, "tensor": 4},
+                                  {"data": 1, "fsdp": 2, "tensor": 2}],
+                         ids=["data4", "fsdp4", "tensor4", "fsdp2_tensor2"])
+def test_two_processes_equal_one_process(one_process, tmp_path, mesh):
+    workdir = str(tmp_path / "run")
+    outputs = finish(launch(workdir, *flags(mesh)))
+    assert "2 processes" in outputs[0]
+    assert_same_run(workdir, one_process)
+    assert results(workdir)["test_examples"] == results(one_process)["test_examples"] == 40
+    assert results(workdir)["test_accuracy"] == pytest.approx(results(one_process)["test_accuracy"], abs=1e-6)
+
+
+def test_one_process_checkpoint_resumes_on_two_processes(one_process, tmp_path):
+    workdir = str(tmp_path / "resume")
+    first = config(mesh={"data": 4, "fsdp": 1, "tensor": 1}, stop_after_steps=4)
+    assert loop_lib.train_and_evaluate(first, workdir, devices=jax.devices()[:4]) == {"preempted_at_step": 4}
+    outputs = finish(launch(workdir, *flags({"data": 2, "fsdp": 2})))
+    assert "resumed from step 4" in outputs[0] and "resumed from step 4" in outputs[1]
+    assert_same_run(workdir, one_process)
+    assert sorted(losses(workdir)) == list(range(1, STEPS + 1))   # no record lost or repeated
+
+
+def test_sigterm_to_one_process_stops_both_at_one_step_then_one_process_resumes(tmp_path):
+    workdir = str(tmp_path / "sigterm")
+    procs = launch(workdir, *flags({"data": 4}, steps=10_000, log_every=2, checkpoint_every=0))
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    deadline = time.time() + 240
+    while time.time() < deadline and not (os.path.exists(metrics) and len(read_metrics(workdir)) >= 2):
+        assert all(p.poll() is None for p in procs), "a process ended before the signal"
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)                  # the non-primary process only
+    outputs = finish(procs)
+    stopped = [int(line.split("stopped at step ")[1].split(";")[0]) for out in outputs
+               for line in out.splitlines() if "stopped at step" in line]
+    assert len(stopped) == 2 and stopped[0] == stopped[1] and stopped[0] % 2 == 0, outputs
+    steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
+    assert steps == [stopped[0]]
+    # Resume with the reference's layout: one process, 4 devices, and the reference's step count.
+    loop_lib.train_and_evaluate(config(mesh={"data": 4, "fsdp": 1, "tensor": 1}, steps=10_000, log_every=2,
+                                       checkpoint_every=0, stop_after_steps=2), workdir, devices=jax.devices()[:4])
+    got = losses(workdir)
+    # Against an uninterrupted one-process run of the same config: every record, before and after the interruption.
+    fresh = str(tmp_path / "fresh")
+    loop_lib.train_and_evaluate(config(mesh={"data": 4, "fsdp": 1, "tensor": 1}, steps=10_000, log_every=2,
+                                       checkpoint_every=0, stop_after_steps=stopped[0] + 2), fresh,
+                                devices=jax.devices()[:4])
+    want = losses(fresh)
+    assert sorted(got) == sorted(want) == list(range(2, stopped[0] + 3, 2))
+    np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)], atol=1e-5)
