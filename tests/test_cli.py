@@ -7,6 +7,7 @@ exporting a training workdir to timm.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -20,6 +21,7 @@ from safetensors.numpy import load_file, save_file
 from layerscale_jax.bench.cli import main as bench_main
 from layerscale_jax.cli import DEBUG_ENV, one_line, run_cli
 from layerscale_jax.convert.__main__ import main as convert_main
+from layerscale_jax.convert.naming import qkv_timm_order
 from layerscale_jax.data.prepare import main as prepare_main
 from layerscale_jax.train.__main__ import main as train_main
 from layerscale_jax.train.__main__ import parse_command_line
@@ -287,7 +289,8 @@ def test_a_training_workdir_exports_to_timm(tmp_path):
     params = ocp.PyTreeCheckpointer().restore(state_dir, args=ocp.args.PyTreeRestore(
         item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract)))["params"]
     qkv = np.asarray(params["blocks"]["1"]["attn"]["qkv"]["kernel"]["value"])
-    np.testing.assert_array_equal(exported["blocks.1.attn.qkv.weight"], qkv.T)
+    num_heads = json.loads((workdir / "config.json").read_text())["model"]["num_heads"]
+    np.testing.assert_array_equal(exported["blocks.1.attn.qkv.weight"], qkv_timm_order(qkv, num_heads).T)
     np.testing.assert_array_equal(exported["blocks.0.ls2.gamma"],
                                   np.asarray(params["blocks"]["0"]["ls2"]["gamma"]["value"]))
     np.testing.assert_array_equal(exported["cls_token"], np.asarray(params["cls_token"]["value"]))

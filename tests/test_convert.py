@@ -21,6 +21,7 @@ from layerscale_jax import create_model
 from layerscale_jax.convert import (from_timm, load_model, load_pretrained, read_model_json, read_state_dict,
                                     resize_pos_embed, save_pretrained, to_timm, write_state_dict)
 from layerscale_jax.convert.__main__ import main as convert_main
+from layerscale_jax.convert.naming import qkv_heads_major
 from layerscale_jax.convert.pretrained import unrolled_params
 
 FIXTURES = Path(__file__).parent / "fixtures" / "timm"
@@ -225,7 +226,8 @@ def test_init_from_our_checkpoint_into_another_layout_and_img_size(tmp_path):
     assert load_pretrained(target, tmp_path / "ckpt") is target
     params = unrolled_params(target)
     np.testing.assert_allclose(params["pos_embed"], extras["__resampled_pos_embed__"], atol=1e-5)
-    assert np.array_equal(params["blocks.1.attn.qkv.kernel"], state_dict["blocks.1.attn.qkv.weight"].T)
+    assert np.array_equal(params["blocks.1.attn.qkv.kernel"],
+                          qkv_heads_major(state_dict["blocks.1.attn.qkv.weight"].T, target.cfg.num_heads))
     assert np.abs(logits(target, extras["__input__"]) - extras["__logits__"]).max() < TOL
 
 

@@ -58,11 +58,18 @@ def np_merge_heads(x):      # (b, h, n, d_h) -> (b, n, d)
     return x.transpose(0, 2, 1, 3).reshape(b, n, h * dh)
 
 
+def np_qkv(x, p):
+    """q, k, v ``(b, h, n, d_h)`` from the fused projection, whose columns are heads-major: column
+    ``(h·3 + j)·d_h + i`` is component i of head h's query (j = 0), key (1) or value (2)."""
+    b, n, d = x.shape
+    qkv = np_dense(x, p["qkv"]).reshape(b, n, HEADS, 3, d // HEADS)
+    return (qkv[:, :, :, j].transpose(0, 2, 1, 3) for j in range(3))
+
+
 def np_self_attention(x, p):
-    """softmax(q kᵀ/√d_h) v per head; q, k, v are the thirds of the fused qkv projection (timm's order)."""
+    """softmax(q kᵀ/√d_h) v per head."""
     d = x.shape[-1]
-    qkv = np_dense(x, p["qkv"])
-    q, k, v = (np_heads(qkv[..., i * d:(i + 1) * d]) for i in range(3))
+    q, k, v = np_qkv(x, p)
     a = np_softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(d // HEADS))
     return np_dense(np_merge_heads(a @ v), p["proj"])
 
@@ -70,8 +77,7 @@ def np_self_attention(x, p):
 def np_talking_heads_attention(x, p):
     """Logits mixed across heads by P_l before the softmax, weights mixed by P_w after it (Shazeer et al.)."""
     d = x.shape[-1]
-    qkv = np_dense(x, p["qkv"])
-    q, k, v = (np_heads(qkv[..., i * d:(i + 1) * d]) for i in range(3))
+    q, k, v = np_qkv(x, p)
     logits = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d // HEADS)                 # (b, h, n, n)
     mix = lambda a, lin: np.einsum("bhqk,hg->bgqk", a, lin["kernel"]) + lin["bias"][:, None, None]
     weights = mix(np_softmax(mix(logits, p["proj_l"])), p["proj_w"])

@@ -9,6 +9,8 @@ with dots, e.g. ``blocks.3.attn.qkv.kernel``. They mirror timm's names except fo
     ``<norm>.weight``                      ``<norm>.scale``                   unchanged (LayerNorm)
     ``blocks.N.ls1.gamma`` (DeiT III)      ``blocks.N.ls1.gamma``             unchanged
     ``blocks.N.gamma_1`` (CaiT)            ``blocks.N.ls1.gamma``             unchanged
+    ``blocks.N.attn.qkv.{weight,bias}``    ``blocks.N.attn.qkv.{kernel,bias}`` output columns [q | k | v] →
+                                                                              heads-major (``qkv_heads_major``)
 
 Official checkpoints are accepted too: tensors under a ``model`` (or ``state_dict``) key, a ``module.`` prefix
 (official CaiT), ``gamma_1``/``gamma_2`` in DeiT III blocks (official FB DeiT III).
@@ -30,6 +32,23 @@ _TO_OURS = {2: (1, 0), 4: (2, 3, 1, 0)}
 _TO_TIMM = {2: (1, 0), 4: (3, 2, 0, 1)}
 _WRAPPER_KEYS = ("model", "state_dict")
 _GAMMA_OFFICIAL = re.compile(r"(^|\.)gamma_([12])$")
+
+
+def is_fused_qkv(key: str) -> bool:
+    """Our fused q/k/v projection (``<...>.attn.qkv.kernel`` / ``.bias``), whose output columns are heads-major."""
+    return key.endswith((".attn.qkv.kernel", ".attn.qkv.bias"))
+
+
+def qkv_heads_major(value: np.ndarray, num_heads: int) -> np.ndarray:
+    """Last axis from timm's ``[q | k | v]`` (each ``heads × d_h``) to ours, heads-major ``(heads, 3, d_h)``."""
+    *lead, n = value.shape
+    return value.reshape(*lead, 3, num_heads, n // (3 * num_heads)).swapaxes(-3, -2).reshape(*lead, n)
+
+
+def qkv_timm_order(value: np.ndarray, num_heads: int) -> np.ndarray:
+    """The inverse of ``qkv_heads_major``: our heads-major columns back to timm's ``[q | k | v]``."""
+    *lead, n = value.shape
+    return value.reshape(*lead, num_heads, 3, n // (3 * num_heads)).swapaxes(-3, -2).reshape(*lead, n)
 
 
 def family(cfg) -> str:

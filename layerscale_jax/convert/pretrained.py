@@ -31,7 +31,8 @@ import numpy as np
 from flax import nnx
 
 from layerscale_jax.convert.files import flatten_tensors, is_timm_file, read_state_dict
-from layerscale_jax.convert.naming import family, ours_to_timm, ours_to_timm_name, timm_shape, timm_to_ours
+from layerscale_jax.convert.naming import (family, is_fused_qkv, ours_to_timm, ours_to_timm_name, qkv_heads_major,
+                                          qkv_timm_order, timm_shape, timm_to_ours)
 from layerscale_jax.models.layout import STACKED_KEY
 from layerscale_jax.models.registry import create_from_config, create_model, list_models, model_config
 
@@ -379,7 +380,8 @@ def _plan(model: nnx.Module, src: _Source) -> tuple[dict[str, np.ndarray], bool]
         shape = expected[key][0]
         array = src.tensors[key]
         if tuple(array.shape) == shape:
-            values[key] = array
+            values[key] = (qkv_heads_major(array, cfg.num_heads) if src.convention == "timm" and is_fused_qkv(key)
+                           else array)
         elif key == "pos_embed" and _resizable(array.shape, shape):
             values[key] = resize_pos_embed(array, (cfg.grid_size, cfg.grid_size))
             side = math.isqrt(array.shape[1])
@@ -494,6 +496,8 @@ def to_timm(model: nnx.Module) -> dict[str, np.ndarray]:
                          f"(branch_scaling={model.cfg.branch_scaling!r}); only layerscale and none export")
     out = {}
     for key, value in unrolled_params(model).items():
+        if is_fused_qkv(key):
+            value = qkv_timm_order(np.asarray(value), model.cfg.num_heads)
         name, array = ours_to_timm(key, value, fam)
         out[name] = np.array(array)                       # a contiguous, writable copy
     return out

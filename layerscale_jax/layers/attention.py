@@ -2,6 +2,12 @@
 
 Shapes: tokens ``x`` are ``(batch, tokens, dim)``; heads split ``dim = num_heads · head_dim``.
 Self-attention:  ``Attn(x) = W_o · concat_h softmax(q_h k_hᵀ / √d_h) v_h``, with ``q, k, v = W_qkv x`` fused.
+
+The fused ``qkv`` kernel ``(dim, 3·dim)`` is laid out heads-major: output column ``(h·3 + j)·d_h + i`` is
+component ``i`` of head ``h``'s query (``j = 0``), key (1) or value (2). A contiguous split of its columns over the
+mesh's ``tensor`` axis therefore gives every device whole heads with their q, k and v (Megatron's column split), and
+the attention runs where they live. timm orders the columns ``[q | k | v]``; ``layerscale_jax.convert`` permutes at
+the boundary (``qkv_heads_major`` / ``qkv_timm_order``), so names and parity with timm are unchanged.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from layerscale_jax.layers.common import dense, linear
+from layerscale_jax.layers.partitioning import constrain
 
 # How ``Attention`` computes softmax(q kᵀ / √d_h) v (the same function every way; only the speed differs):
 #   einsum  heads-major (b, h, n, d) einsums: one transpose of the fused qkv, no per-head relayouts
@@ -41,24 +48,39 @@ def attention_implementation() -> str:
 
 
 def fused_qkv_attention(qkv: jnp.ndarray) -> jnp.ndarray:
-    """``softmax(q kᵀ / √d_h) v`` per head from the fused projection ``qkv`` ``(b, n, 3, h, d_h)`` → ``(b, n, h, d_h)``.
+    """``softmax(q kᵀ / √d_h) v`` per head from the fused projection ``qkv`` ``(b, n, h, 3, d_h)`` → ``(b, n, h, d_h)``.
 
     q, k and v are separated with ``jnp.split``, whose gradient is one concatenate (indexing would pad each).
     Logits and softmax are float32 whatever the compute dtype.
     """
     impl = attention_implementation()
     if impl == "einsum":
-        q, k, v = (t[0] for t in jnp.split(qkv.transpose(2, 0, 3, 1, 4), 3, axis=0))   # each (b, h, n, d_h)
+        q, k, v = (t[0] for t in jnp.split(qkv.transpose(3, 0, 2, 1, 4), 3, axis=0))   # each (b, h, n, d_h)
         logits = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
         weights = jax.nn.softmax(logits * q.shape[-1] ** -0.5, axis=-1).astype(v.dtype)
         return jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3)
-    q, k, v = (t[:, :, 0] for t in jnp.split(qkv, 3, axis=2))
+    q, k, v = (t[:, :, :, 0] for t in jnp.split(qkv, 3, axis=3))
     return jax.nn.dot_product_attention(q, k, v, implementation="cudnn" if impl == "cudnn" else None)
 
 
 def _split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
     b, n, d = x.shape
     return x.reshape(b, n, num_heads, d // num_heads)
+
+
+def project_qkv(layer: nnx.Linear, x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
+    """The fused projection of ``x`` ``(b, n, dim)`` as ``(b, n, heads, 3, d_h)``, laid out by heads."""
+    b, n, d = x.shape
+    qkv = constrain(layer(x.reshape(b * n, d)), ("batch", "heads"))
+    return qkv.reshape(b, n, num_heads, 3, d // num_heads)
+
+
+def project_out(layer: nnx.Linear, heads: jnp.ndarray, out_scale) -> jnp.ndarray:
+    """``W_o · concat_h heads_h`` from ``(b, n, heads, d_h)``; on a tensor mesh a partial sum over the local heads
+    (the all-reduce follows where the block adds it to the replicated stream)."""
+    b, n, h, dh = heads.shape
+    concat = constrain(heads.reshape(b * n, h * dh), ("batch", "heads"))
+    return linear(layer, concat, out_scale).reshape(b, n, h * dh)
 
 
 class Attention(nnx.Module):
@@ -75,9 +97,7 @@ class Attention(nnx.Module):
         self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
-        b, n, d = x.shape
-        qkv = self.qkv(x.reshape(b * n, d)).reshape(b, n, 3, self.num_heads, d // self.num_heads)
-        return linear(self.proj, fused_qkv_attention(qkv).reshape(b * n, d), out_scale).reshape(b, n, d)
+        return project_out(self.proj, fused_qkv_attention(project_qkv(self.qkv, x, self.num_heads)), out_scale)
 
 
 def _dense_float32(layer: nnx.Linear, x: jnp.ndarray) -> jnp.ndarray:
@@ -109,15 +129,13 @@ class TalkingHeadsAttention(nnx.Module):
         self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
-        b, n, d = x.shape
-        qkv = self.qkv(x.reshape(b * n, d)).reshape(b, n, 3, self.num_heads, d // self.num_heads)
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        qkv = project_qkv(self.qkv, x, self.num_heads)
+        q, k, v = qkv[:, :, :, 0], qkv[:, :, :, 1], qkv[:, :, :, 2]
         # heads last, so each mixing is a (heads × heads) Dense applied in float32
         logits = jnp.einsum("bqhd,bkhd->bqkh", q * self.scale, k, preferred_element_type=jnp.float32)
         weights = jax.nn.softmax(_dense_float32(self.proj_l, logits), axis=2)
         weights = _dense_float32(self.proj_w, weights).astype(v.dtype)
-        out = jnp.einsum("bqkh,bkhd->bqhd", weights, v)
-        return linear(self.proj, out.reshape(b * n, d), out_scale).reshape(b, n, d)
+        return project_out(self.proj, jnp.einsum("bqkh,bkhd->bqhd", weights, v), out_scale)
 
 
 class ClassAttention(nnx.Module):
@@ -138,9 +156,6 @@ class ClassAttention(nnx.Module):
         self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
-        b, n, d = x.shape
-        q = _split_heads(self.q(x[:, :1]), self.num_heads)
-        k = _split_heads(self.k(x), self.num_heads)
-        v = _split_heads(self.v(x), self.num_heads)
-        out = jax.nn.dot_product_attention(q, k, v)
-        return linear(self.proj, out.reshape(b, 1, d), out_scale)
+        q, k, v = (_split_heads(constrain(layer(t), ("batch", None, "heads")), self.num_heads)
+                   for layer, t in ((self.q, x[:, :1]), (self.k, x), (self.v, x)))
+        return project_out(self.proj, jax.nn.dot_product_attention(q, k, v), out_scale)

@@ -31,7 +31,13 @@ from flax import nnx
 from layerscale_jax.layers.attention import Attention, ClassAttention, TalkingHeadsAttention
 from layerscale_jax.layers.common import Mlp, layer_norm
 from layerscale_jax.layers.drop_path import DropPath
+from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import keeps_layernorm, make_branch_scale, shares_scale_across_branches
+
+
+def _stream(x: jnp.ndarray) -> jnp.ndarray:
+    """The residual stream, a ``(batch · tokens, dim)`` token matrix: split by examples, whole along ``dim``."""
+    return constrain(x, ("batch", None))
 
 
 def branch_to_stream_ratio(branch: jnp.ndarray, stream: jnp.ndarray) -> jnp.ndarray:
@@ -85,13 +91,13 @@ class Block(_ScaledResidualBlock):
         """``(x'', ratios)`` with ``ratios = [‖S1·Attn‖/‖x‖, ‖S2·MLP‖/‖x'‖]`` (float32, shape ``(2,)``)."""
         k1, k2 = self._keys(key)
         b, n, d = x.shape
-        x = x.reshape(b * n, d)
+        x = _stream(x.reshape(b * n, d))
         attn = self._scaled(self.attn, self.ls1, self._norm(self.norm1, x).reshape(b, n, d)).reshape(b * n, d)
         ratio1 = branch_to_stream_ratio(attn, x)
-        x = x + self._drop(attn, b, k1, drop_path_rate)
+        x = _stream(x + self._drop(attn, b, k1, drop_path_rate))
         mlp = self._scaled(self.mlp, self._second_scale(), self._norm(self.norm2, x))
         ratio2 = branch_to_stream_ratio(mlp, x)
-        x = x + self._drop(mlp, b, k2, drop_path_rate)
+        x = _stream(x + self._drop(mlp, b, k2, drop_path_rate))
         return x.reshape(b, n, d), jnp.stack([ratio1, ratio2])
 
     def __call__(self, x: jnp.ndarray, key: jax.Array | None = None, drop_path_rate=None) -> jnp.ndarray:

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from layerscale_jax.layers.partitioning import constrain
+
 
 
 def timm_trunc_normal(std: float, a: float = -2.0, b: float = 2.0):
@@ -131,7 +133,7 @@ class Mlp(nnx.Module):
 
     def __call__(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
         """``FFN(x)``, or ``out_scale ⊙ FFN(x)`` with the scale folded into ``fc2`` (see ``linear``)."""
-        return linear(self.fc2, gelu(self.fc1(x)), out_scale)
+        return linear(self.fc2, constrain(gelu(self.fc1(x)), ("batch",) + (None,) * (x.ndim - 2) + ("mlp",)), out_scale)
 
 
 class PatchEmbed(nnx.Module):

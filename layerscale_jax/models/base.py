@@ -9,6 +9,7 @@ from flax import nnx
 
 from layerscale_jax.layers.drop_path import DROP_PATH_RULES
 from layerscale_jax.layers.scaling import validate_branch_scaling
+from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.models.stack import validate_remat
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -110,7 +111,8 @@ def embed_patches(model: nnx.Module, images: jnp.ndarray) -> jnp.ndarray:
     """Checked NHWC images → patch tokens plus the position embedding, float32 ``(batch, num_patches, dim)``."""
     cfg = model.cfg
     check_images(images, cfg, type(model).__name__)
-    x = model.patch_embed(images.astype(cfg.dtype)).astype(jnp.float32)
+    images = constrain(images.astype(cfg.dtype), ("batch", None, None, None))
+    x = constrain(model.patch_embed(images).astype(jnp.float32), ("batch", None, None))
     return x + model.pos_embed[...].astype(jnp.float32)
 
 

@@ -195,13 +195,15 @@ def create_trainer(config, mesh) -> Trainer:
                                     abstract_state, shardings)
     batch_sharding = {"image": shard_lib.batch_sharding(mesh), "label": shard_lib.batch_sharding(mesh)}
     train_step = jax.jit(
-        make_train_step(graphdef_train, bundle.tx, bundle.schedule, optim_config=config.optim,
-                        data_config=config.data, num_classes=info.num_classes,
-                        trainable_mask=bundle.trainable_mask),
+        shard_lib.with_activation_sharding(
+            make_train_step(graphdef_train, bundle.tx, bundle.schedule, optim_config=config.optim,
+                            data_config=config.data, num_classes=info.num_classes,
+                            trainable_mask=bundle.trainable_mask), mesh, tc.sharding_rules),
         in_shardings=(shardings, batch_sharding), out_shardings=(shardings, shard_lib.replicated(mesh)),
         donate_argnums=(0,))
     eval_batch_sharding = dict(batch_sharding, mask=shard_lib.batch_sharding(mesh))
-    eval_step = jax.jit(make_eval_step(graphdef_eval), in_shardings=(param_sharding, eval_batch_sharding),
+    eval_step = jax.jit(shard_lib.with_activation_sharding(make_eval_step(graphdef_eval), mesh, tc.sharding_rules),
+                        in_shardings=(param_sharding, eval_batch_sharding),
                         out_shardings=shard_lib.replicated(mesh))
     return Trainer(config, mesh, info, make_model, abstract_model, graphdef_train, bundle, param_sharding, shardings,
                    abstract_sharded, init_fn, train_step, eval_step)

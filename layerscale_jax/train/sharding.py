@@ -9,13 +9,17 @@ replicated.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from layerscale_jax.layers.partitioning import activation_sharding, logical_to_spec
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -115,21 +119,6 @@ def param_logical_axes(params: nnx.State, scan_layers: bool) -> Any:
     return jax.tree_util.tree_map_with_path(axes, params)
 
 
-def logical_to_spec(axes: tuple, shape: tuple, mesh: Mesh, rules: Mapping[str, Any]) -> P:
-    used: set[str] = set()
-    spec = []
-    for name, dim in zip(axes, shape):
-        target = rules.get(name) if name is not None else None
-        targets = (target,) if isinstance(target, str) else tuple(target or ())
-        size = math.prod(mesh.shape[t] for t in targets) if targets else 1
-        if not targets or any(t in used for t in targets) or dim % size or size == 1:
-            spec.append(None)
-            continue
-        used.update(targets)
-        spec.append(targets[0] if len(targets) == 1 else targets)
-    return P(*spec)
-
-
 def validate_rules(rules) -> dict[str, Any]:
     rules = dict((name, target) for name, target in rules)
     for name, target in rules.items():
@@ -138,6 +127,24 @@ def validate_rules(rules) -> dict[str, Any]:
             if t not in MESH_AXES:
                 raise ValueError(f"sharding rule {name!r} → {target!r}: {t!r} is not a mesh axis {MESH_AXES}")
     return rules
+
+
+def activation_rules(rules) -> dict[str, Any]:
+    """Logical → mesh axes for activations (``layers.partitioning``): examples over the batch axes, heads and MLP
+    units where the parameter rules put them (tensor parallelism), ``embed`` replicated."""
+    rules = validate_rules(rules)
+    return {"batch": BATCH_AXES, "heads": rules.get("heads"), "mlp": rules.get("mlp")}
+
+
+def with_activation_sharding(fn, mesh: Mesh, rules):
+    """``fn`` traced inside ``activation_sharding(mesh, activation_rules(rules))``."""
+    act_rules = activation_rules(rules)
+
+    def wrapped(*args, **kwargs):
+        with activation_sharding(mesh, act_rules):
+            return fn(*args, **kwargs)
+
+    return wrapped
 
 
 def param_shardings(abstract_params, mesh: Mesh, rules, scan_layers: bool):
@@ -158,3 +165,42 @@ def describe(shardings) -> str:
 
 def global_batch_array(local: np.ndarray, mesh: Mesh) -> jax.Array:
     return jax.make_array_from_process_local_data(batch_sharding(mesh), local)
+
+
+# -- what a compiled step communicates ---------------------------------------------------------------------------
+
+COLLECTIVE_OPS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+_COLLECTIVE = re.compile(r"= (\(?[^=]*?\)?) (" + "|".join(COLLECTIVE_OPS) + r")(?:-start)?\(")
+_ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective of a compiled program: its kind and the shapes of the arrays it produces (per device)."""
+    op: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+
+    @property
+    def largest(self) -> int:
+        """Elements of the largest array it produces."""
+        return max((math.prod(s) for s in self.shapes), default=0)
+
+    @property
+    def bytes(self) -> int:
+        sizes = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+                 "f64": 8, "s64": 8, "u64": 8}
+        return sum(math.prod(s) * sizes.get(d, 4) for s, d in zip(self.shapes, self.dtypes))
+
+
+def collectives(compiled_hlo: str) -> list[Collective]:
+    """The collectives in a compiled program's HLO text (``jax.jit(f).lower(...).compile().as_text()``)."""
+    found = []
+    for line in compiled_hlo.splitlines():
+        match = _COLLECTIVE.search(line)
+        if match:
+            arrays = _ARRAY.findall(match.group(1))
+            found.append(Collective(match.group(2), tuple(tuple(int(d) for d in dims.split(",") if d)
+                                                          for _, dims in arrays),
+                                    tuple(dtype for dtype, _ in arrays)))
+    return found
