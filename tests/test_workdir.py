@@ -1,0 +1,216 @@
+"""Faults around a workdir, each injected: a finished run re-run, a workdir of another config, corrupt checkpoints,
+a failed save, a second job, a killed run's extra metric records, a non-finite update; epath (gs://) workdirs."""
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from etils import epath
+
+from layerscale_jax.train import loop as loop_lib
+from layerscale_jax.train import workdir as workdir_lib
+from layerscale_jax.train.checkpoint import Checkpointer, CheckpointSaveError, NoUsableCheckpointError
+
+from test_train import read_metrics, tiny_config, train_losses
+
+STEPS = 6
+
+
+def config(**train):
+    cfg = tiny_config(f"steps={STEPS}")
+    cfg.train.checkpoint_every = 2
+    cfg.train.update(train)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("finished"))
+    return workdir, loop_lib.train_and_evaluate(config(), workdir)
+
+
+def checkpoint_steps(workdir):
+    return sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
+
+
+def copy_run(finished, tmp_path, name):
+    workdir = str(tmp_path / name)
+    shutil.copytree(finished[0], workdir)
+    return workdir
+
+
+def corrupt(workdir, step, how):
+    for root, _, files in os.walk(os.path.join(workdir, "checkpoints", str(step))):
+        for name in files:
+            path = os.path.join(root, name)
+            if how == "truncate":
+                with open(path, "r+b") as f:
+                    f.truncate(os.path.getsize(path) // 2)
+            else:                                  # random bytes over the file's start, same length
+                size = os.path.getsize(path)
+                with open(path, "r+b") as f:
+                    f.write(np.random.default_rng(0).bytes(min(size, 64)))
+
+
+def test_rerunning_a_finished_workdir_returns_its_results_untouched(finished, tmp_path, capsys):
+    workdir = copy_run(finished, tmp_path, "again")
+    before = open(os.path.join(workdir, "results.json")).read()
+    again = loop_lib.train_and_evaluate(config(), workdir)
+    assert open(os.path.join(workdir, "results.json")).read() == before
+    assert again == json.loads(before) and again["test_accuracy"] is not None
+    assert "holds a finished run of 6 steps" in capsys.readouterr().out
+
+
+def test_raising_steps_continues_from_the_final_checkpoint(finished, tmp_path):
+    workdir = copy_run(finished, tmp_path, "longer")
+    results = loop_lib.train_and_evaluate(config(steps=8), workdir)
+    assert results["resumed_from_step"] == STEPS and results["steps"] == 8
+    assert sorted(train_losses(workdir)) == list(range(1, 9))
+
+
+def test_another_config_in_the_same_workdir_is_refused_naming_the_fields(finished, tmp_path):
+    workdir = copy_run(finished, tmp_path, "other")
+    other = config()
+    other.model.depth = 3
+    other.optim.learning_rate = 2e-3
+    with pytest.raises(workdir_lib.WorkdirError, match=r"model\.depth: 2 → 3; optim\.learning_rate: 0\.001 → 0\.002"):
+        loop_lib.train_and_evaluate(other, workdir)
+    assert checkpoint_steps(workdir) == checkpoint_steps(finished[0])          # nothing touched
+
+
+def test_harmless_changes_are_accepted_and_logged(finished, tmp_path, capsys):
+    workdir = copy_run(finished, tmp_path, "harmless")
+    changed = config(steps=8, log_every=2)
+    loop_lib.train_and_evaluate(changed, workdir)
+    out = capsys.readouterr().out
+    assert "train.log_every: 1 → 2" in out and "train.steps: 6 → 8" in out
+
+
+@pytest.mark.parametrize("how", ["truncate", "random_bytes"])
+def test_a_corrupt_checkpoint_is_quarantined_and_the_run_resumes_from_the_previous(finished, tmp_path, how,
+                                                                                   caplog):
+    workdir = copy_run(finished, tmp_path, how)
+    os.remove(os.path.join(workdir, "results.json"))
+    corrupt(workdir, STEPS, how)
+    with caplog.at_level("WARNING"):
+        results = loop_lib.train_and_evaluate(config(), workdir)
+    assert f"checkpoint at step {STEPS} is corrupt" in caplog.text
+    assert os.path.isdir(os.path.join(workdir, "checkpoints", "quarantine", str(STEPS)))
+    assert results["resumed_from_step"] == 4 and results["steps"] == STEPS        # re-saved step 6, no collision
+    assert STEPS in checkpoint_steps(workdir)
+    np.testing.assert_allclose([train_losses(workdir)[s] for s in range(1, STEPS + 1)],
+                               [train_losses(finished[0])[s] for s in range(1, STEPS + 1)], atol=1e-6)
+
+
+def test_when_no_checkpoint_is_usable_the_run_stops_and_says_how_to_start_fresh(finished, tmp_path):
+    workdir = copy_run(finished, tmp_path, "all_corrupt")
+    os.remove(os.path.join(workdir, "results.json"))
+    for step in checkpoint_steps(workdir):
+        corrupt(workdir, step, "random_bytes")
+    with pytest.raises(NoUsableCheckpointError, match="use a new --workdir"):
+        loop_lib.train_and_evaluate(config(), workdir)
+
+
+def test_a_failed_save_stops_the_run_naming_the_cause_and_the_last_complete_checkpoint(tmp_path, monkeypatch):
+    workdir = str(tmp_path / "disk_full")
+    original = Checkpointer._write_json
+    calls = []
+
+    def full_disk(path, value):
+        calls.append(path)
+        if str(path).endswith("data_process_0.json") and "/meta/4/" in str(path):
+            raise OSError(28, "No space left on device")
+        return original(path, value)
+
+    monkeypatch.setattr(Checkpointer, "_write_json", staticmethod(full_disk))
+    with pytest.raises(CheckpointSaveError, match=r"step 4 .*No space left on device.*last complete checkpoint is "
+                                                  r"step 2"):
+        loop_lib.train_and_evaluate(config(), workdir)
+    monkeypatch.undo()                                          # space freed: the rerun resumes exactly
+    results = loop_lib.train_and_evaluate(config(), workdir)
+    assert results["resumed_from_step"] == 2
+
+
+def test_a_second_job_on_a_held_workdir_is_refused_naming_the_holder(tmp_path):
+    workdir = tmp_path / "locked"
+    workdir.mkdir()
+    (workdir / "lock.json").write_text(json.dumps({"host": "other-host", "pid": 123, "started": "then"}))
+    with pytest.raises(workdir_lib.WorkdirError, match="in use by process 123 on host other-host"):
+        loop_lib.train_and_evaluate(config(), str(workdir))
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
+    lock = workdir_lib.WorkdirLock(tmp_path)
+    (tmp_path / "lock.json").write_text(json.dumps({"host": os.uname().nodename, "pid": 2**22 + 12345}))
+    lock.acquire()
+    assert json.loads((tmp_path / "lock.json").read_text())["pid"] == os.getpid()
+    lock.release()
+    assert not (tmp_path / "lock.json").exists()
+
+
+def test_records_of_a_killed_run_after_its_last_checkpoint_are_not_duplicated(finished, tmp_path):
+    workdir = copy_run(finished, tmp_path, "killed")
+    os.remove(os.path.join(workdir, "results.json"))
+    shutil.rmtree(os.path.join(workdir, "checkpoints", str(STEPS)))        # died before its final save completed
+    loop_lib.train_and_evaluate(config(), workdir)
+    strip = lambda records: [{k: v for k, v in r.items() if k != "img_per_s"} for r in records]
+    assert strip(read_metrics(workdir)) == strip(read_metrics(finished[0]))
+
+
+def test_a_non_finite_update_never_reaches_the_parameters():
+    from layerscale_jax.train.step import init_train_state, make_train_step
+    from flax import nnx
+    from layerscale_jax.models import create_model
+    cfg = tiny_config()
+    model = create_model(cfg.model.name, rngs=nnx.Rngs(0), **loop_lib.model_overrides(cfg.model))
+    graphdef, params = nnx.split(model, nnx.Param)
+    tx = optax.sgd(float("nan"))                        # finite loss and gradients, a NaN update
+    state = init_train_state(params, tx, 0, use_ema=False)
+    step = jax.jit(make_train_step(graphdef, tx, lambda s: jnp.nan, optim_config=cfg.optim, data_config=cfg.data,
+                                   num_classes=4))
+    batch = {"image": jnp.zeros((4, 8, 8, 3)), "label": jnp.arange(4) % 4}
+    new_state, metrics = step(state, batch)
+    assert not bool(metrics["finite"]) and int(new_state["nonfinite_steps"]) == 1
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(new_state["params"]), jax.device_get(params))
+
+
+def test_workdir_files_go_through_epath_so_gs_urls_work(tmp_path, monkeypatch):
+    """gs:// served from a local folder by etils' mock: the lock, the stored config, the metrics log and the
+    checkpoint checksums use epath only (a direct os call would write to a local 'gs:' folder or fail)."""
+    from etils.epath import gpath, testing as epath_testing
+    monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)     # else gs:// goes to TensorFlow's gfile
+
+    def local(path):
+        text = os.fspath(path)
+        return str(tmp_path / "bucket" / text[len("gs://"):]) if text.startswith("gs://") else text
+
+    def redirect(original, path, *args, **kwargs):
+        args = tuple(local(a) if isinstance(a, (str, os.PathLike)) else a for a in args)
+        return original(local(path), *args, **kwargs)
+
+    fns = ("exists", "glob", "isdir", "listdir", "makedirs", "mkdir", "open", "remove", "rename", "replace",
+           "rmtree", "stat", "walk")
+    with epath_testing.mock_epath(**{name: redirect for name in fns}):
+        workdir = epath.Path("gs://bucket/run")
+        assert str(loop_lib.as_path("gs://bucket/run")) == "gs://bucket/run"
+        workdir.mkdir(parents=True)
+        lock = workdir_lib.WorkdirLock(workdir)
+        lock.acquire()
+        assert workdir_lib.check_stored_config(workdir, {"train": {"steps": 1}}, has_checkpoints=False) == []
+        (workdir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+        workdir_lib.truncate_metrics(workdir / "metrics.jsonl", 1)
+        lock.release()
+        step_dir = workdir / "checkpoints" / "3" / "state"
+        step_dir.mkdir(parents=True)
+        (step_dir / "data").write_bytes(b"weights")
+        from layerscale_jax.train.checkpoint import _file_digests
+        digests = _file_digests(workdir / "checkpoints" / "3")
+    local_run = tmp_path / "bucket" / "bucket" / "run"
+    assert (local_run / "config.json").exists() and not (local_run / "lock.json").exists()
+    assert (local_run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert list(digests) == ["state/data"]
+    assert not os.path.exists("gs:")
