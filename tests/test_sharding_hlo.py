@@ -44,9 +44,11 @@ def largest_parameter(trainer):
 
 
 def test_collectives_are_read_from_hlo_text():
-    line = "  %all-reduce.1 = (f32[], bf16[64,256]{1,0}) all-reduce(f32[] %a, bf16[64,256]{1,0} %b), channel_id=1"
+    line = ("  %all-reduce.1 = (f32[], bf16[64,256]{1,0}, f32[2]{0}, f32[3]{0}, f32[4]{0}, /*index=5*/f32[5]{0}) "
+            "all-reduce(f32[] %a, bf16[64,256]{1,0} %b, ...), channel_id=1")
     (found,) = shard_lib.collectives(line)
-    assert found.op == "all-reduce" and found.shapes == ((), (64, 256)) and found.bytes == 4 + 2 * 64 * 256
+    assert found.op == "all-reduce" and found.shapes == ((), (64, 256), (2,), (3,), (4,), (5,))
+    assert found.bytes == 4 + 2 * 64 * 256 + 4 * (2 + 3 + 4 + 5)
 
 
 @pytest.mark.parametrize("mesh_shape", [{"data": 1, "fsdp": 4, "tensor": 1}, {"data": 2, "fsdp": 2, "tensor": 1}],

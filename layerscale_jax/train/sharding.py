@@ -171,6 +171,7 @@ def global_batch_array(local: np.ndarray, mesh: Mesh) -> jax.Array:
 
 COLLECTIVE_OPS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _COLLECTIVE = re.compile(r"= (\(?[^=]*?\)?) (" + "|".join(COLLECTIVE_OPS) + r")(?:-start)?\(")
+_COMMENT = re.compile(r"/\*.*?\*/")             # e.g. /*index=5*/ inside a long tuple shape
 _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 
 
@@ -197,7 +198,7 @@ def collectives(compiled_hlo: str) -> list[Collective]:
     """The collectives in a compiled program's HLO text (``jax.jit(f).lower(...).compile().as_text()``)."""
     found = []
     for line in compiled_hlo.splitlines():
-        match = _COLLECTIVE.search(line)
+        match = _COLLECTIVE.search(_COMMENT.sub("", line))
         if match:
             arrays = _ARRAY.findall(match.group(1))
             found.append(Collective(match.group(2), tuple(tuple(int(d) for d in dims.split(",") if d)
