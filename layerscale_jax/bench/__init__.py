@@ -9,5 +9,6 @@ runs on a bare accelerator machine without TensorFlow, grain or ml_collections. 
 
 Modules: ``timing`` (the warm-up + median protocol, matmul peak, memory, machine facts), ``flops`` (the analytic
 FLOP count), ``step`` (the functional train step and its measurement), ``timm_side`` (the PyTorch counterpart),
-``suite`` (the further benchmarks and ``all``).
+``suite`` (the further benchmarks and ``all``), ``trainer`` (the trainer's own step and its optimizer against the
+model-only step and plain AdamW; needs ml_collections, and the data package for ``train_step --config``).
 """

@@ -1,7 +1,9 @@
 """``python -m layerscale_jax.bench SUBCOMMAND ...`` — see ``python -m layerscale_jax.bench -h``.
 
 Subcommands:
-  train_step   one training step: img/s, step time, FLOPs, FLOP/s, MFU, peak memory, compile time [vs timm]
+  train_step   one training step: img/s, step time, FLOPs, FLOP/s, MFU, peak memory, compile time [vs timm];
+               with --config configs/X.py[:ARGS], the trainer's own step vs the model-only step
+  optimizer    the trainer's optimizer update vs plain AdamW + clipping, against depth (both layouts)
   profile      where the train step's time goes, per XLA operation (from jax.profiler's trace)
   matmul       the matmul peak (the MFU denominator) of this device, float32 and bfloat16
   depth        compile time and step time against depth, with and without scan

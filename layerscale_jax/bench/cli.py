@@ -66,6 +66,9 @@ def print_train_step(r: dict) -> None:
 
 
 def cmd_train_step(args) -> dict:
+    if args.config:
+        from layerscale_jax.bench.trainer import measure_trainer_step
+        return measure_trainer_step(args.config, repeats=args.repeats, min_repeat_s=args.min_repeat_s)
     from layerscale_jax.bench.step import StepSpec, measure_train_step
     spec = StepSpec(model=args.model, batch=args.batch, dtype=args.dtype, scan=args.scan, remat=args.remat,
                     overrides=parse_overrides(args.set))
@@ -74,6 +77,25 @@ def cmd_train_step(args) -> dict:
                            timm_kwargs=timm_kwargs)
     r["machine"] = timing.machine_info()
     return r
+
+
+def _print_train_step(r: dict) -> None:
+    if r.get("benchmark") == "trainer_step":
+        from layerscale_jax.bench.trainer import print_trainer_step
+        print_trainer_step(r)
+    else:
+        print_train_step(r)
+
+
+def cmd_optimizer(args) -> dict:
+    from layerscale_jax.bench.trainer import bench_optimizer
+    return bench_optimizer(args.config, args.depths, tuple(args.layouts.split(",")), args.layer_decays,
+                           repeats=args.repeats)
+
+
+def _print_optimizer(r: dict) -> None:
+    from layerscale_jax.bench.trainer import print_optimizer
+    print_optimizer(r)
 
 
 def cmd_matmul(args) -> dict:
@@ -107,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train_step", help="one training step, optionally against timm")
+    p.add_argument("--config", default=None, metavar="configs/X.py[:ARGS]",
+                   help="time the trainer's own step (create_trainer) for this config against the model-only "
+                        "step and its optimizer against plain AdamW (the model options below are then ignored)")
     p.add_argument("--model", default="deit3_small_patch16_224")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--dtype", choices=DTYPES, default="float32")
@@ -120,7 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--min-repeat-s", type=float, default=0.5)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(run=cmd_train_step, show=print_train_step)
+    p.set_defaults(run=cmd_train_step, show=_print_train_step)
+
+    p = sub.add_parser("optimizer", help="the trainer's optimizer update vs plain AdamW, against depth")
+    p.add_argument("--config", default="configs/digits_layerscale.py", metavar="configs/X.py[:ARGS]")
+    p.add_argument("--depths", type=lambda s: tuple(int(x) for x in s.split(",")), default=(12, 24, 48, 96))
+    p.add_argument("--layouts", default="unrolled,scan")
+    p.add_argument("--layer-decays", type=lambda s: tuple(float(x) for x in s.split(",")), default=(0.75, 1.0))
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_optimizer, show=_print_optimizer)
 
     p = sub.add_parser("matmul", help="matmul peak of jax (and torch) on this device")
     p.add_argument("--n", type=int, default=None)

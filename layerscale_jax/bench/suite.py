@@ -493,7 +493,9 @@ def wait_for_load(max_load: float | None, max_wait_s: float, poll_s: float = 15.
 
 
 ENTRIES = ("train_step", "ablation", "layerscale", "seeds", "depth", "memory", "pipeline", "xla_options",
-           "page_faults")
+           "page_faults", "trainer_step", "optimizer")
+# The trainer's own step (configs/digits_layerscale.py, the main job) at the main depth and a deep ablation depth.
+TRAINER_CONFIGS = ("configs/digits_layerscale.py", "configs/digits_layerscale.py:depth=24")
 
 
 def run_all(out_dir: str | None = None, quick: bool = False, max_load: float | None = None,
@@ -508,6 +510,7 @@ def run_all(out_dir: str | None = None, quick: bool = False, max_load: float | N
     started = time.time()
     path = _results_path(out_dir)
     results = {"suite": "layerscale_jax.bench all", "started": datetime.datetime.now().isoformat(timespec="seconds"),
+               "command": " ".join(["python -m layerscale_jax.bench", *sys.argv[1:]]),
                "machine": timing.machine_info(), "load_average_start": timing.load_average(), "entries": {}}
     if only and path.exists():
         results = json.loads(path.read_text())
@@ -555,6 +558,12 @@ def run_all(out_dir: str | None = None, quick: bool = False, max_load: float | N
         record("pipeline", lambda: bench_pipeline(), print_pipeline)
     record("xla_options", lambda: bench_xla_options(), print_xla_options)
     record("page_faults", lambda: bench_page_faults(), print_page_faults)
+    from layerscale_jax.bench import trainer
+    record("trainer_step", lambda: {"rows": [trainer.measure_trainer_step(str(REPO / c)) for c in TRAINER_CONFIGS]},
+           lambda r: [trainer.print_trainer_step(row) for row in r["rows"]])
+    record("optimizer", lambda: trainer.bench_optimizer(str(REPO / trainer.DEFAULT_CONFIG),
+                                                        depths=(12, 96) if quick else trainer.DEFAULT_DEPTHS),
+           trainer.print_optimizer)
     results["load_average_end"] = timing.load_average()
     results["elapsed_s" if not only else "rerun_elapsed_s"] = time.time() - started
     results["summary"] = summarize(results)
@@ -583,6 +592,13 @@ def summarize(results: dict) -> dict:
     if dep:
         s["scan_compile_depth96_over_12"] = {"measured": dep["compile_ratio"], "target": "<= 1.5",
                                              "met": dep["compile_ratio"] <= 1.5}
+    for row in e.get("trainer_step", {}).get("rows", []):
+        s[f"trainer_over_model_only_depth{row['depth']}"] = {
+            "measured": row["trainer_over_model_only"], "target": "<= 1.15", "met": row["trainer_target_met"]}
+    opt = e.get("optimizer", {})
+    if "worst_ratio" in opt:
+        s["optimizer_update_over_plain_adamw_worst"] = {"measured": opt["worst_ratio"], "target": "<= 1.2",
+                                                        "met": opt["target_met"]}
     mem = e.get("memory", {}).get("ratios_at_max_depth", {}).get("full")
     if mem:
         s["remat_full_peak_memory_depth96_over_none"] = {"measured": mem["xla_peak"], "rss": mem["rss"],
@@ -643,8 +659,27 @@ def report(results: dict) -> str:
         lines.append(f"| matmul peak (MFU denominator), 2048², float32 / bfloat16 | "
                      f"{mm['float32']['flop_per_s'] / 1e9:.0f} / {mm['bfloat16']['flop_per_s'] / 1e9:.0f} GFLOP/s | "
                      f"| | | — |")
+    for row in e.get("trainer_step", {}).get("rows", []):
+        u = row["optimizer_update"]
+        name = row["config"].split("configs/")[-1]
+        lines.append(f"| trainer step / model-only step, `{name}` (depth {row['depth']}, batch {row['batch']}) | "
+                     f"{row['trainer_step_s'] * 1e3:.1f} ms vs {row['model_only_step_s'] * 1e3:.1f} ms | | "
+                     f"**{row['trainer_over_model_only']:.2f}×** (paired {row['trainer_over_model_only_paired']:.2f}×;"
+                     f" optimizer update vs plain AdamW {u['ratio']:.2f}×) | | ≤ 1.15× |")
+    opt = e.get("optimizer", {})
+    for layout in ("unrolled", "scan"):
+        for decay in (0.75, 1.0):
+            rows = [r for r in opt.get("rows", []) if r["layout"] == layout and r["layer_decay"] == decay]
+            if rows:
+                times = ", ".join(f"{r['ours_s'] * 1e3:.1f}/{r['plain_s'] * 1e3:.1f}" for r in rows)
+                ratios = ", ".join(f"{r['ratio']:.2f}" for r in rows)
+                lines.append(f"| optimizer update / plain AdamW + clipping, {layout}, layer decay {decay:g}, depth "
+                             f"{'/'.join(str(r['depth']) for r in rows)} | {times} ms | | **{ratios}×** | | "
+                             f"≤ 1.2× |")
     m = results.get("machine", {})
     lines.append("")
+    if results.get("command"):
+        lines.append(f"Command: `{results['command']}`.")
     lines.append(f"Measured {results.get('started', '?')} on {m.get('cpu', '?')} ({m.get('cpu_threads', '?')} threads, "
                  f"{m.get('backend', '?')}), jax {m.get('jax', '?')}; load average {results.get('load_average_start')} "
                  f"at the start, {results.get('load_average_end')} at the end.")
