@@ -158,3 +158,30 @@ def test_ema_update_moves_towards_params_and_keeps_dtype():
     assert new["a"].dtype == jnp.bfloat16
     with pytest.raises(ValueError, match="ema_decay=1.5"):
         optim.ema_update(ema, ema, 1.5)
+
+
+def test_sam_with_accumulation_is_m_sharpness_per_micro_batch():
+    """SAM inside accumulation (as the train step composes them): each micro-batch is perturbed by its own ε, i.e.
+    m-sharpness with m = batch / k (Foret et al. §4.1), checked against a NumPy least-squares computation."""
+    from layerscale_jax.optim.gradients import accumulate_gradients, sam_gradients
+    rng = np.random.default_rng(0)
+    x, y, w = rng.normal(size=(8, 3)), rng.normal(size=8), rng.normal(size=3)
+    rho, k = 0.3, 2
+
+    def loss_and_grad(params, batch):
+        return jax.value_and_grad(lambda p: (0.5 * jnp.mean((batch["x"] @ p["w"] - batch["y"]) ** 2), ()),
+                                  has_aux=True)(params)
+
+    def np_grad(w_, xs, ys):
+        return xs.T @ (xs @ w_ - ys) / len(ys)
+
+    def np_sam(xs, ys):
+        g = np_grad(w, xs, ys)
+        return np_grad(w + rho * g / np.linalg.norm(g), xs, ys)
+
+    micro = [(x[i::k], y[i::k]) for i in range(k)]            # accumulate_gradients' strided split
+    expected = np.mean([np_sam(xs, ys) for xs, ys in micro], axis=0)
+    _, grads = accumulate_gradients(lambda p, b: sam_gradients(loss_and_grad, p, b, rho=rho),
+                                    {"w": jnp.asarray(w)}, {"x": jnp.asarray(x), "y": jnp.asarray(y)}, k)
+    np.testing.assert_allclose(grads["w"], expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(grads["w"], np_sam(x, y), rtol=1e-3)   # not one ε from the whole batch

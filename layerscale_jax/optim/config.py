@@ -31,7 +31,9 @@ Fields (``default_config()``; override any of them from the command line, e.g. `
                             default of the paper's official code, SamsungLabs/ASAM); without it a weight that is
                             exactly zero is never perturbed.
     accum_steps             micro-batches per optimizer step (1 = off); used by the train step via
-                            ``accumulate_gradients``; must divide the per-step batch.
+                            ``accumulate_gradients``; must divide the per-step batch. With SAM, each micro-batch
+                            is perturbed by its own ε (SAM's m-sharpness with m = batch / accum_steps; Foret et al.
+                            §4.1), not by one ε from the accumulated gradient.
     ema_decay               EMA of the parameters for evaluation, ``ema ← d·ema + (1−d)·w`` (0 = off).
 """
 from __future__ import annotations

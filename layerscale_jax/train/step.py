@@ -6,7 +6,9 @@ rebuilt inside the step from its graph definition with ``nnx.merge`` so everythi
 Per step, with targets ``t`` from Mixup/CutMix and label smoothing:
 
     L(θ) = mean_n  −Σ_k t_nk log softmax(f_θ(x_n))_k
-    g    = ∇L(θ)            (optionally averaged over micro-batches, optionally at SAM's perturbed point)
+    g    = ∇L(θ)            (optionally averaged over micro-batches, optionally at SAM's perturbed point; with
+                             both, each micro-batch b_i is perturbed by its own ε_i = ρ ∇L_{b_i}/‖∇L_{b_i}‖:
+                             SAM's m-sharpness with m = batch / accum_steps)
     θ'   = θ + optax_update(g)
 
 A non-finite loss, gradient norm or update (e.g. from a non-finite learning rate) leaves the state as it was and is
