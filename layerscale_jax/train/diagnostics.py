@@ -14,9 +14,11 @@ or 1), ``N`` its pre-norm (or the identity for ReZero / SkipInit). L is the plai
 labels (no label smoothing or Mixup), the model in eval mode (no stochastic depth), so values are comparable
 across steps and runs.
 
-``branch_diagnostics(graphdef, params, batch)`` is a pure function returning a flat ``{name: scalar array}`` dict;
-``make_diagnostics_fn`` jits it with replicated outputs, so every process of a multi-host job gets the same values
-without a host fetch of sharded arrays; ``to_floats`` then reads them. Names:
+``branch_diagnostics(graphdef, params, batch)`` is a pure function returning a flat dict of float32 arrays, one
+vector over the layers per group and quantity (``"blocks/attn.ratio": (depth,)``, …: few outputs, so it compiles
+in about the time of one forward and backward pass whatever the depth); ``make_diagnostics_fn`` jits it with
+replicated outputs, so every process of a multi-host job holds every value without a host fetch of sharded
+arrays; ``to_floats`` turns them into one float per layer, named
 
     diag/loss
     diag/<group>.<l>.<branch>.ratio        group: blocks (and CaiT's blocks_token_only), branch: attn | mlp
@@ -45,16 +47,24 @@ def _hard_label_loss(logits: jnp.ndarray, labels: jnp.ndarray, mask: jnp.ndarray
     return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def _per_layer(group: str, path: tuple, leaf: jnp.ndarray, stacked: bool):
-    """``[(layer index, per-layer array), ...]`` for a block parameter (stacked: one entry per leading index)."""
-    if stacked:
-        return [(i, leaf[i]) for i in range(leaf.shape[0])]
-    return [(path[1], leaf)]
+def _per_layer_sum(leaf: jnp.ndarray, stacked: bool) -> jnp.ndarray:
+    """Σ over everything but the layer axis (stacked) or over everything (one layer's leaf), float32."""
+    axes = tuple(range(1, leaf.ndim)) if stacked else None
+    return jnp.sum(jnp.square(leaf.astype(jnp.float32)), axis=axes)
+
+
+def _per_layer_mean_abs(leaf: jnp.ndarray, stacked: bool) -> jnp.ndarray:
+    axes = tuple(range(1, leaf.ndim)) if stacked else None
+    return jnp.mean(jnp.abs(leaf.astype(jnp.float32)), axis=axes)
 
 
 def branch_diagnostics(graphdef, params, batch: dict) -> dict[str, jax.Array]:
     """The per-block diagnostics (module docstring) of the model ``nnx.merge(graphdef, params)`` on ``batch``
-    (``{"image", "label"}``, optionally ``"mask"`` for padded examples). Pure and jittable."""
+    (``{"image", "label"}``, optionally ``"mask"`` for padded examples). Pure and jittable.
+
+    Returns ``{"loss": (), "<group>/<branch>.ratio": (layers,), "<group>/<branch>.scale": (layers,),
+    "<group>/grad_norm": (layers,)}`` (``to_floats`` names one value per layer).
+    """
     images, labels, mask = batch["image"], batch["label"], batch.get("mask")
 
     def loss_fn(p):
@@ -64,39 +74,42 @@ def branch_diagnostics(graphdef, params, batch: dict) -> dict[str, jax.Array]:
         return _hard_label_loss(model.forward_head(tokens), labels, mask), stats
 
     (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    model = nnx.merge(graphdef, params)
-    stacked_blocks = bool(model.cfg.scan_layers)
-    out: dict[str, jax.Array] = {"diag/loss": loss}
-
+    stacked_blocks = bool(nnx.merge(graphdef, params).cfg.scan_layers)
+    out: dict[str, jax.Array] = {"loss": loss}
     for group, ratios in stats.items():
-        for layer in range(ratios.shape[0]):
-            for b, branch in enumerate(BRANCHES):
-                out[f"diag/{group}.{layer}.{branch}.ratio"] = ratios[layer, b]
+        for b, branch in enumerate(BRANCHES):
+            out[f"{group}/{branch}.ratio"] = ratios[:, b]
 
-    squares: dict[tuple, jax.Array] = {}
-    scales: dict[tuple, jax.Array] = {}
+    # group → {layer (or "stacked"): accumulated value}
+    squares: dict[str, dict] = {}
+    scales: dict[str, dict] = {}
 
     def visit_grad(path, g):
         if path[0] in BLOCK_GROUPS:
             stacked = stacked_blocks and path[0] == "blocks"
-            for layer, value in _per_layer(path[0], path, g, stacked):
-                key = (path[0], int(layer))
-                squares[key] = squares.get(key, 0.0) + jnp.sum(jnp.square(value.astype(jnp.float32)))
+            layer = "stacked" if stacked else int(path[1])
+            acc = squares.setdefault(path[0], {})
+            acc[layer] = acc.get(layer, 0.0) + _per_layer_sum(g, stacked)
 
     def visit_param(path, w):
         if path[0] in BLOCK_GROUPS and path[-1] in ("gamma", "alpha") and path[-2] in ("ls1", "ls2"):
             stacked = stacked_blocks and path[0] == "blocks"
-            for layer, value in _per_layer(path[0], path, w, stacked):
-                scales[(path[0], int(layer), path[-2])] = jnp.mean(jnp.abs(value.astype(jnp.float32)))
+            layer = "stacked" if stacked else int(path[1])
+            scales.setdefault((path[0], path[-2]), {})[layer] = _per_layer_mean_abs(w, stacked)
+
+    def as_vector(per_layer: dict) -> jax.Array:
+        if "stacked" in per_layer:
+            return per_layer["stacked"]
+        return jnp.stack([per_layer[i] for i in sorted(per_layer)])
 
     groups.map_params(visit_grad, grads)
     groups.map_params(visit_param, params)
-    for (group, layer), square in sorted(squares.items()):
-        out[f"diag/{group}.{layer}.grad_norm"] = jnp.sqrt(square)
-    for (group, layer, which), scale in sorted(scales.items()):
-        out[f"diag/{group}.{layer}.{BRANCHES[0] if which == 'ls1' else BRANCHES[1]}.scale"] = scale
-        if which == "ls1" and (group, layer, "ls2") not in scales:      # ReZero: one α for both branches
-            out[f"diag/{group}.{layer}.{BRANCHES[1]}.scale"] = scale
+    for group, per_layer in squares.items():
+        out[f"{group}/grad_norm"] = jnp.sqrt(as_vector(per_layer))
+    for (group, which), per_layer in scales.items():
+        out[f"{group}/{BRANCHES[0] if which == 'ls1' else BRANCHES[1]}.scale"] = as_vector(per_layer)
+        if which == "ls1" and (group, "ls2") not in scales:           # ReZero: one α for both branches
+            out[f"{group}/{BRANCHES[1]}.scale"] = as_vector(per_layer)
     return out
 
 
@@ -112,5 +125,18 @@ def make_diagnostics_fn(graphdef, mesh=None, param_sharding=None, batch_sharding
 
 
 def to_floats(diagnostics: dict[str, Any]) -> dict[str, float]:
-    """The jitted function's replicated scalars as Python floats (one device → host copy)."""
-    return {k: float(v) for k, v in jax.device_get(diagnostics).items()}
+    """The (replicated) diagnostics as Python floats, one per layer: ``diag/blocks.3.attn.ratio``, … (one device →
+    host copy; every process may call it)."""
+    flat: dict[str, float] = {}
+    for key, value in jax.device_get(diagnostics).items():
+        if key == "loss":
+            flat["diag/loss"] = float(value)
+            continue
+        group, quantity = key.split("/", 1)
+        for layer, v in enumerate(value.reshape(-1)):
+            if quantity == "grad_norm":
+                flat[f"diag/{group}.{layer}.grad_norm"] = float(v)
+            else:
+                branch, name = quantity.split(".")
+                flat[f"diag/{group}.{layer}.{branch}.{name}"] = float(v)
+    return flat
