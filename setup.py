@@ -32,7 +32,7 @@ setup(
     python_requires=">=3.12",
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest>=8.0"],
+        "test": ["pytest>=8.0", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
         # Optional: only to create parity fixtures and side-by-side benchmarks. CI never installs it.
         "timm": ["torch==2.14.1", "torchvision==0.29.1", "timm==1.0.31"],
     },

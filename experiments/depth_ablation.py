@@ -1,115 +1,613 @@
-"""Depth ablation on `digits`: test accuracy vs depth for each residual-branch scaling (LayerScale and the schemes
-it is compared with), like for like — same data, optimizer, steps and seeds; only `branch_scaling` changes.
+"""Depth ablation: does a pre-norm ViT stop improving or fail as depth grows while LayerScale keeps training?
 
-    python experiments/depth_ablation.py --depths 6 12 24 --scalings none layerscale scalar rezero skipinit \
-        --seeds 0 --out experiments/results/depth_ablation
+The CaiT paper (Touvron et al., "Going deeper with Image Transformers", 2021, §3 and Fig. 3) compares LayerScale,
 
-Each run is `configs/digits_layerscale.py:depth=D,branch_scaling=S,seed=K` trained in its own workdir under
-`OUT/runs/`; a finished run (its `results.json` exists) is not repeated, so the driver can be stopped and resumed.
-Writes `OUT/results.json` (every run), `OUT/table.md` (mean test accuracy per depth × scaling) and `OUT/plot.png`.
+    x'  = x  + diag(λ1) · SA(LN(x))
+    x'' = x' + diag(λ2) · FFN(LN(x'))        λ initialised to ε (0.1 up to depth 18, 1e-5 at 24, 1e-6 deeper)
+
+with plain pre-norm, a per-branch scalar, ReZero and SkipInit. This driver trains every cell of
+
+    depth ∈ {6, 12, 24, 48, 96} × scheme ∈ SCHEMES × seed ∈ {0, 1, 2}            (warm-up on)
+    + warm-up off for `none` and `layerscale` at the two largest depths
+
+on the offline `digits` data (or any prepared TFDS image dataset: ``--dataset NAME``), with every hyper-parameter
+identical across schemes except the one varied (``SIZING`` and ``RECIPE`` below). Default (about 3 h on the
+2-core development CPU; re-time with ``--measure`` and change ``SIZING`` if the machine differs):
+
+    python experiments/depth_ablation.py --out experiments/results/depth_ablation
+
+``--quick`` runs a tiny grid in minutes (to check the pipeline); ``--lr_sweep`` trains every scheme at one depth
+over ``LR_SWEEP_RATES`` into ``OUT/lr_sweep/`` (how the shared learning rate is chosen). Each run's record is written to
+``OUT/runs/<run id>.json`` when it ends; a run whose record exists is skipped, so the driver resumes across
+sessions. A run whose loss or gradient norm turns non-finite stops there and is recorded with ``diverged=True``.
+
+Outputs (regenerated from all finished records at the end, or alone with ``--report``):
+``results.csv`` (one row per run), ``table.md`` (mean ± std test accuracy per depth × scheme),
+``acc_vs_depth.png``, ``loss_curves_depth<D>.png`` (largest depth), ``scale_heatmap_depth<D>.png`` (mean |λ| or
+|α| per layer × branch over training), ``ratio_init_end_depth<D>.png`` (‖scaled branch‖/‖stream‖ per layer at
+init and at the end).
+
+Per-run diagnostics come from ``layerscale_jax.train.diagnostics`` at step 0 and at every evaluation
+(``evaluation_record`` below is the function to call from a train loop).
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import dataclasses
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "digits_layerscale.py")
 
+DEPTHS = (6, 12, 24, 48, 96)
+SEEDS = (0, 1, 2)
 
-def load_config(arg: str):
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """A column of the ablation: a branch scaling and how its ε is chosen ("auto": the CaiT rule)."""
+    name: str
+    branch_scaling: str
+    init_values: float | str = "auto"
+
+
+SCHEMES = (
+    Scheme("none", "none"),
+    Scheme("layerscale", "layerscale", "auto"),          # CaiT's ε rule
+    Scheme("layerscale_eps0.1", "layerscale", 0.1),      # ε = 0.1 at every depth
+    Scheme("scalar", "scalar", "auto"),                  # one α per branch, the same ε rule
+    Scheme("rezero", "rezero"),                          # one α per block, α = 0, no LayerNorm
+    Scheme("skipinit", "skipinit"),                      # one α per branch, α = 0, no normalisation
+    Scheme("scalar_zero", "scalar_zero"),                # one α per branch, α = 0, LayerNorm kept (not in default)
+)
+SCHEMES_BY_NAME = {s.name: s for s in SCHEMES}
+DEFAULT_SCHEMES = ("none", "layerscale", "layerscale_eps0.1", "scalar", "rezero", "skipinit")
+WARMUP_OFF_SCHEMES = ("none", "layerscale")          # warm-up on vs off, at the two largest depths
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizing:
+    """How big each run is: the one place to re-tune the sweep's cost (see ``--measure``)."""
+    embed_dim: int
+    num_heads: int
+    batch_size: int
+    steps: int
+    evals: int               # evaluations (with diagnostics) per run, evenly spaced; plus the diagnostics at step 0
+    log_every: int
+
+
+# Default: width 32 (2 heads), 300 steps of batch 64 (~11 epochs of the 1,617 digits training images), scanned
+# layers (compile time flat in depth). Measured on the 2-core development CPU with `--measure` (experiments/
+# README.md has the numbers) to fit the default grid in ≤ 3 h.
+SIZING = Sizing(embed_dim=32, num_heads=2, batch_size=64, steps=300, evals=4, log_every=10)
+QUICK_SIZING = Sizing(embed_dim=16, num_heads=2, batch_size=32, steps=24, evals=2, log_every=4)
+QUICK_DEPTHS = (2, 4)
+
+# Shared optimisation recipe (configs/digits_layerscale.py's, except the learning rate, which `--lr_sweep` chose,
+# and the warm-up, scaled to the shorter run).
+RECIPE = dict(learning_rate=5e-3, warmup_fraction=0.1, drop_path_rate=0.05)
+LR_SWEEP_DEPTH = 24
+LR_SWEEP_RATES = (1e-3, 2e-3, 5e-3, 1e-2, 2e-2)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    depth: int
+    scheme: str
+    warmup: bool
+    seed: int
+    learning_rate: float
+
+    @property
+    def run_id(self) -> str:
+        return (f"depth{self.depth}_{self.scheme}_warmup{'on' if self.warmup else 'off'}_lr{self.learning_rate:g}"
+                f"_seed{self.seed}")
+
+
+def grid(depths, schemes, seeds, learning_rate, warmup_off_depths) -> list[RunSpec]:
+    """The default grid: every depth × scheme × seed with warm-up, plus warm-up off for ``WARMUP_OFF_SCHEMES`` at
+    ``warmup_off_depths``. Cheapest runs first, so partial results cover every scheme early."""
+    runs = [RunSpec(d, s, True, k, learning_rate) for d in depths for k in seeds for s in schemes]
+    runs += [RunSpec(d, s, False, k, learning_rate) for d in warmup_off_depths for k in seeds for s in schemes
+             if s in WARMUP_OFF_SCHEMES]
+    return sorted(runs, key=lambda r: (r.depth, r.seed, not r.warmup))
+
+
+def lr_sweep_grid(schemes, depth, rates, seed=0) -> list[RunSpec]:
+    return [RunSpec(depth, s, True, seed, lr) for lr in rates for s in schemes]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One run
+# ---------------------------------------------------------------------------------------------------------------
+def load_digits_config(arg: str):
     spec = importlib.util.spec_from_file_location("digits_layerscale", CONFIG)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(arg)
 
 
-def run_one(out: str, depth: int, scaling: str, seed: int, steps: int | None) -> dict:
-    from layerscale_jax.train import train_and_evaluate
+def make_config(spec: RunSpec, sizing: Sizing, dataset: str = "digits", data_dir: str | None = None):
+    """The full experiment config of one run: the digits recipe, the sizing, the scheme, and the dataset."""
+    from layerscale_jax.data.config import default_data_config
+    from layerscale_jax.train.config import model_section
 
-    workdir = os.path.join(out, "runs", f"depth{depth}_{scaling}_seed{seed}")
-    results_path = os.path.join(workdir, "results.json")
-    if not os.path.exists(results_path):
-        arg = f"depth={depth},branch_scaling={scaling},seed={seed}" + (f",steps={steps}" if steps else "")
-        config = load_config(arg)
-        config.train.checkpoint_every = 0
-        train_and_evaluate(config, workdir)
-    with open(results_path) as f:
-        results = json.load(f)
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    losses = [r["train_loss"] for r in records if "train_loss" in r]
-    return {"depth": depth, "branch_scaling": scaling, "seed": seed, "test_accuracy": results["test_accuracy"],
-            "test_loss": results["test_loss"], "final_train_loss": losses[-1] if losses else None,
-            "steps": results["steps"], "train_seconds": results["train_seconds"]}
+    scheme = SCHEMES_BY_NAME[spec.scheme]
+    config = load_digits_config(f"seed={spec.seed}")
+    if dataset != "digits":
+        config.data = default_data_config(dataset)
+        if data_dir:
+            config.data.data_dir = data_dir
+    from layerscale_jax.data import get_dataset_info
+    info = get_dataset_info(config.data)
+    patch = 2 if info.image_size <= 8 else max(info.image_size // 8, 1)
+    config.model = model_section(
+        "deit3_small_patch16_224", img_size=info.image_size, patch_size=patch, in_chans=info.channels,
+        num_classes=info.num_classes, embed_dim=sizing.embed_dim, num_heads=sizing.num_heads, depth=spec.depth,
+        branch_scaling=scheme.branch_scaling, init_values=scheme.init_values,
+        drop_path_rate=RECIPE["drop_path_rate"], global_pool="avg", scan_layers=True)
+    config.optim.learning_rate = spec.learning_rate
+    config.optim.warmup_steps = int(round(RECIPE["warmup_fraction"] * sizing.steps)) if spec.warmup else 0
+    config.train.steps = sizing.steps
+    config.train.batch_size = sizing.batch_size
+    config.train.seed = spec.seed
+    config.train.log_every = sizing.log_every
+    config.train.eval_every = max(sizing.steps // sizing.evals, 1)
+    config.train.checkpoint_every = 0
+    config.train.nonfinite = "skip"            # a non-finite step is an outcome (diverged), never an exception
+    return config
 
 
-def write_table(rows: list[dict], depths, scalings, path: str) -> str:
-    lines = ["| depth | " + " | ".join(scalings) + " |", "|---|" + "---|" * len(scalings)]
+def evaluation_record(diagnostics_fn, params, diagnostics_batch) -> dict[str, float]:
+    """What a train loop logs at each evaluation for this study: ``train.diagnostics`` of the current params on a
+    fixed batch (replicated outputs → floats). The integration point for ``train/loop.py``."""
+    from layerscale_jax.train.diagnostics import to_floats
+    return to_floats(diagnostics_fn(params, diagnostics_batch))
+
+
+def _evaluate(trainer, params, config, mesh) -> dict[str, float]:
+    import jax
+
+    from layerscale_jax import data as data_lib
+    sums = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+    for batch in data_lib.make_eval_iterator(config.data, global_batch_size=config.train.eval_batch_size):
+        out = jax.device_get(trainer.eval_step(params, data_lib.to_global_batch(batch, mesh)))
+        for key in sums:
+            sums[key] += float(out[key])
+    count = max(sums["count"], 1.0)
+    return {"test_accuracy": sums["correct"] / count, "test_loss": sums["loss_sum"] / count}
+
+
+def train_run(spec: RunSpec, sizing: Sizing, dataset: str = "digits", data_dir: str | None = None,
+              overrides: dict | None = None) -> dict:
+    """Train one run and return its record (scalars, the train-loss curve, evaluations with diagnostics).
+
+    ``overrides`` (``{"optim.learning_rate": 1e30, ...}``) are applied to the config last (tests, what-ifs).
+    """
+    import jax
+    import numpy as np
+
+    from layerscale_jax import data as data_lib
+    from layerscale_jax.train import sharding as shard_lib
+    from layerscale_jax.train.diagnostics import make_diagnostics_fn
+    from layerscale_jax.train.loop import create_trainer
+
+    config = make_config(spec, sizing, dataset, data_dir)
+    for dotted, value in (overrides or {}).items():
+        section, field = dotted.split(".", 1)
+        config[section][field] = value
+    start = time.time()
+    mesh = shard_lib.make_mesh(config.train.mesh)
+    trainer = create_trainer(config, mesh)
+    state = trainer.init_state()
+    train_iter = data_lib.make_train_iterator(config.data, global_batch_size=config.train.batch_size,
+                                              seed=config.train.seed)
+    batch_sharding = {"image": shard_lib.batch_sharding(mesh), "label": shard_lib.batch_sharding(mesh)}
+    diagnostics_fn = make_diagnostics_fn(trainer.graphdef_train, mesh, trainer.param_sharding, batch_sharding)
+    first = data_lib.to_global_batch(next(train_iter), mesh)
+    diagnostics_batch = {"image": first["image"], "label": first["label"]}
+
+    evaluations = [{"step": 0, **evaluation_record(diagnostics_fn, state["params"], diagnostics_batch)}]
+    train_loss: list[tuple[int, float]] = []
+    pending, step, diverged, diverged_at = [], 0, False, None
+    batch = first
+    while step < config.train.steps:
+        state, metrics = trainer.train_step(state, batch)
+        step += 1
+        pending.append(metrics)
+        if step % config.train.log_every == 0 or step == config.train.steps:
+            fetched = jax.device_get(pending)
+            pending = []
+            bad = [i for i, m in enumerate(fetched) if not m["finite"]]
+            if bad:
+                diverged, diverged_at = True, step - len(fetched) + bad[0] + 1
+            finite = [float(m["train_loss"]) for m in fetched if m["finite"]]
+            train_loss.append((step, float(np.mean(finite)) if finite else float("nan")))
+        is_eval = step % config.train.eval_every == 0 or step == config.train.steps or diverged
+        if is_eval:
+            evaluation = _evaluate(trainer, state["params"], config, mesh)
+            evaluation.update(evaluation_record(diagnostics_fn, state["params"], diagnostics_batch))
+            evaluations.append({"step": step, **evaluation})
+        if diverged:
+            break
+        batch = data_lib.to_global_batch(next(train_iter), mesh)
+    train_iter.close()
+    accuracies = [e["test_accuracy"] for e in evaluations if "test_accuracy" in e]
+    return {
+        "run_id": spec.run_id, "depth": spec.depth, "scheme": spec.scheme,
+        "branch_scaling": SCHEMES_BY_NAME[spec.scheme].branch_scaling,
+        "epsilon": _epsilon(spec), "warmup": spec.warmup, "warmup_steps": config.optim.warmup_steps,
+        "seed": spec.seed, "learning_rate": config.optim.learning_rate, "dataset": config.data.name,
+        "embed_dim": sizing.embed_dim, "batch_size": sizing.batch_size,
+        "final_test_accuracy": accuracies[-1], "best_test_accuracy": max(accuracies),
+        "final_train_loss": float("nan") if diverged else train_loss[-1][1],
+        "diverged": diverged, "diverged_at_step": diverged_at, "steps": step, "seconds": time.time() - start,
+        "train_loss_curve": train_loss, "evaluations": evaluations,
+    }
+
+
+def _epsilon(spec: RunSpec) -> float | None:
+    from layerscale_jax.layers.scaling import resolve_init_value
+    scheme = SCHEMES_BY_NAME[spec.scheme]
+    if scheme.branch_scaling == "none":
+        return None
+    return resolve_init_value(scheme.branch_scaling, scheme.init_values, spec.depth)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The sweep: resumable, with progress
+# ---------------------------------------------------------------------------------------------------------------
+def record_path(out: str, spec: RunSpec) -> str:
+    return os.path.join(out, "runs", spec.run_id + ".json")
+
+
+def load_records(out: str) -> list[dict]:
+    runs_dir = os.path.join(out, "runs")
+    if not os.path.isdir(runs_dir):
+        return []
+    records = []
+    for name in sorted(os.listdir(runs_dir)):
+        if name.endswith(".json"):
+            with open(os.path.join(runs_dir, name)) as f:
+                records.append(json.load(f))
+    return records
+
+
+def _write_json_atomically(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def _fmt_seconds(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def enable_compilation_cache(directory: str | None = None) -> None:
+    """JAX's persistent compilation cache: the seeds of a cell (and a resumed sweep) reuse the compiled train,
+    eval and diagnostics steps, which differ only in their data, not their program."""
+    import jax
+    directory = directory or os.path.join(os.path.expanduser("~"), ".cache", "layerscale_jax", "xla")
+    if not jax.config.jax_compilation_cache_dir:
+        os.makedirs(directory, exist_ok=True)
+        jax.config.update("jax_compilation_cache_dir", directory)
+
+
+def run_sweep(specs: list[RunSpec], sizing: Sizing, out: str, dataset: str = "digits", data_dir: str | None = None,
+              overrides: dict | None = None, log=print) -> list[dict]:
+    """Train every spec without a record in ``out`` (finished runs are skipped), printing progress and an ETA.
+
+    The ETA assumes a run's cost grows linearly in depth (measured: ``--measure``) and extrapolates from the runs
+    trained in this session."""
+    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
+    enable_compilation_cache()
+    todo = [s for s in specs if not os.path.exists(record_path(out, s))]
+    done_before = len(specs) - len(todo)
+    log(f"{len(specs)} runs in the grid, {done_before} already finished, {len(todo)} to train")
+    seconds_per_depth, depth_done = 0.0, 0
+    remaining_depth = sum(s.depth for s in todo)
+    for i, spec in enumerate(todo):
+        record = train_run(spec, sizing, dataset, data_dir, overrides)
+        _write_json_atomically(record_path(out, spec), record)
+        seconds_per_depth += record["seconds"]
+        depth_done += spec.depth
+        remaining_depth -= spec.depth
+        eta = remaining_depth * seconds_per_depth / depth_done
+        outcome = "DIVERGED" if record["diverged"] else f"test acc {record['final_test_accuracy']:.4f}"
+        log(f"[{done_before + i + 1}/{len(specs)} runs done] {spec.run_id}: {outcome} in {record['seconds']:.1f} s"
+            f" | ETA {_fmt_seconds(eta)}")
+    return load_records(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reports: CSV, markdown table, plots
+# ---------------------------------------------------------------------------------------------------------------
+CSV_FIELDS = ("depth", "scheme", "branch_scaling", "epsilon", "warmup", "learning_rate", "seed",
+              "final_test_accuracy", "best_test_accuracy", "final_train_loss", "diverged", "diverged_at_step",
+              "steps", "seconds")
+
+
+def write_csv(records: list[dict], path: str) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for r in sorted(records, key=lambda r: (r["depth"], r["scheme"], not r["warmup"], r["learning_rate"],
+                                                r["seed"])):
+            writer.writerow({k: r[k] for k in CSV_FIELDS})
+
+
+def _cell(records: list[dict]) -> str:
+    if not records:
+        return "–"
+    accs = [100 * r["final_test_accuracy"] for r in records]
+    text = f"{accs[0]:.1f}" if len(accs) == 1 else f"{statistics.mean(accs):.1f} ± {statistics.stdev(accs):.1f}"
+    diverged = sum(r["diverged"] for r in records)
+    return text + (f" ({diverged}/{len(records)} diverged)" if diverged else "")
+
+
+def _column_names(records: list[dict]) -> list[tuple[str, bool]]:
+    """(scheme, warmup) columns in the order of ``SCHEMES``, warm-up-off columns after their scheme."""
+    present = {(r["scheme"], r["warmup"]) for r in records}
+    order = [s.name for s in SCHEMES]
+    return sorted(present, key=lambda c: (order.index(c[0]) if c[0] in order else len(order), not c[1]))
+
+
+def _label(scheme: str, warmup: bool) -> str:
+    return scheme if warmup else f"{scheme} (no warm-up)"
+
+
+def write_table(records: list[dict], path: str, title: str) -> str:
+    columns = _column_names(records)
+    depths = sorted({r["depth"] for r in records})
+    lines = ["| depth | " + " | ".join(_label(*c) for c in columns) + " |", "|---|" + "---|" * len(columns)]
     for depth in depths:
-        cells = []
-        for scaling in scalings:
-            accs = [r["test_accuracy"] for r in rows if r["depth"] == depth and r["branch_scaling"] == scaling]
-            if not accs:
-                cells.append("–")
-            elif len(accs) == 1:
-                cells.append(f"{100 * accs[0]:.1f}")
-            else:
-                cells.append(f"{100 * statistics.mean(accs):.1f} ± {100 * statistics.stdev(accs):.1f}")
+        cells = [_cell([r for r in records if r["depth"] == depth and (r["scheme"], r["warmup"]) == c])
+                 for c in columns]
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n"
     with open(path, "w") as f:
-        f.write("Test accuracy (%) on digits, mean ± std over seeds\n\n" + table)
+        f.write(title + "\n\n" + table)
     return table
 
 
-def write_plot(rows: list[dict], depths, scalings, path: str) -> None:
+def write_lr_table(records: list[dict], path: str) -> str:
+    schemes = [s for s in (x.name for x in SCHEMES) if any(r["scheme"] == s for r in records)]
+    rates = sorted({r["learning_rate"] for r in records})
+    lines = ["| learning rate | " + " | ".join(schemes) + " |", "|---|" + "---|" * len(schemes)]
+    for lr in rates:
+        lines.append(f"| {lr:g} | " + " | ".join(
+            _cell([r for r in records if r["learning_rate"] == lr and r["scheme"] == s]) for s in schemes) + " |")
+    table = "\n".join(lines) + "\n"
+    depth = records[0]["depth"] if records else "?"
+    with open(path, "w") as f:
+        f.write(f"Final test accuracy (%) at depth {depth} per learning rate (seed 0)\n\n" + table)
+    return table
+
+
+def _plt():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for scaling in scalings:
-        xs, ys = [], []
-        for depth in depths:
-            accs = [r["test_accuracy"] for r in rows if r["depth"] == depth and r["branch_scaling"] == scaling]
+
+def plot_accuracy_vs_depth(records: list[dict], path: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for scheme, warmup in _column_names(records):
+        xs, ys, es = [], [], []
+        for depth in sorted({r["depth"] for r in records}):
+            accs = [100 * r["final_test_accuracy"] for r in records
+                    if r["depth"] == depth and r["scheme"] == scheme and r["warmup"] == warmup]
             if accs:
                 xs.append(depth)
-                ys.append(100 * statistics.mean(accs))
-        ax.plot(xs, ys, marker="o", label=scaling)
+                ys.append(statistics.mean(accs))
+                es.append(statistics.stdev(accs) if len(accs) > 1 else 0.0)
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=_label(scheme, warmup),
+                    linestyle="-" if warmup else "--")
+    depths = sorted({r["depth"] for r in records})
     ax.set_xscale("log", base=2)
     ax.set_xticks(depths, [str(d) for d in depths])
     ax.set_xlabel("depth (blocks)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title("digits: residual-branch scaling vs depth")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("final test accuracy (%), mean ± std over seeds")
+    ax.set_title("residual-branch scaling vs depth")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_loss_curves(records: list[dict], depth: int, path: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    colours = {}
+    for r in sorted((r for r in records if r["depth"] == depth), key=lambda r: (r["scheme"], r["seed"])):
+        key = (r["scheme"], r["warmup"])
+        steps, losses = zip(*r["train_loss_curve"]) if r["train_loss_curve"] else ((), ())
+        line, = ax.plot(steps, losses, linestyle="-" if r["warmup"] else "--", linewidth=1,
+                        color=colours.get(key), label=None if key in colours else _label(*key))
+        colours.setdefault(key, line.get_color())
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss (mean over each log interval)")
+    ax.set_title(f"train loss at depth {depth} (one line per seed)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _per_layer(evaluation: dict, depth: int, quantity: str):
+    """``[[attn, mlp] per layer]`` of ``diag/blocks.<l>.<branch>.<quantity>`` (None when absent)."""
+    rows = []
+    for layer in range(depth):
+        rows.append([evaluation.get(f"diag/blocks.{layer}.{b}.{quantity}") for b in ("attn", "mlp")])
+    return rows
+
+
+def _first_seed(records: list[dict], depth: int) -> list[dict]:
+    chosen = {}
+    for r in sorted(records, key=lambda r: r["seed"]):
+        if r["depth"] == depth and r["warmup"]:
+            chosen.setdefault(r["scheme"], r)
+    order = [s.name for s in SCHEMES]
+    return [chosen[s] for s in sorted(chosen, key=order.index)]
+
+
+def plot_scale_heatmap(records: list[dict], depth: int, path: str) -> None:
+    """mean |λ| (|α|) per layer × branch (rows: layer l attn, layer l mlp) over the evaluations, one panel per
+    scheme that has a scale (lowest seed)."""
+    import numpy as np
+    plt = _plt()
+    runs = [r for r in _first_seed(records, depth) if r["branch_scaling"] != "none"]
+    fig, axes = plt.subplots(1, max(len(runs), 1), figsize=(3.2 * max(len(runs), 1), 4), squeeze=False)
+    for ax, r in zip(axes[0], runs):
+        steps = [e["step"] for e in r["evaluations"]]
+        grid_ = np.array([[v if v is not None else np.nan for row in _per_layer(e, depth, "scale") for v in row]
+                          for e in r["evaluations"]]).T                        # (2·depth, evaluations)
+        image = ax.imshow(np.log10(np.maximum(grid_, 1e-8)), aspect="auto", origin="lower", cmap="viridis",
+                          extent=(-0.5, len(steps) - 0.5, -0.5, 2 * depth - 0.5))
+        ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=6)
+        ax.set_title(r["scheme"], fontsize=8)
+        ax.set_xlabel("step")
+        ax.set_ylabel("layer × branch (2l: attn, 2l+1: mlp)", fontsize=7)
+        fig.colorbar(image, ax=ax, label="log10 mean |scale|")
+    fig.suptitle(f"branch scale per layer over training, depth {depth}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_ratio_init_end(records: list[dict], depth: int, path: str) -> None:
+    """‖scaled branch‖ / ‖stream‖ per layer at step 0 and at the last evaluation, each branch, one panel per scheme."""
+    plt = _plt()
+    runs = _first_seed(records, depth)
+    fig, axes = plt.subplots(1, max(len(runs), 1), figsize=(3.2 * max(len(runs), 1), 3.6), squeeze=False,
+                             sharey=True)
+    for ax, r in zip(axes[0], runs):
+        for evaluation, style in ((r["evaluations"][0], ":"), (r["evaluations"][-1], "-")):
+            rows = _per_layer(evaluation, depth, "ratio")
+            for b, branch in enumerate(("attn", "mlp")):
+                values = [max(row[b], 1e-12) if row[b] is not None else float("nan") for row in rows]
+                ax.plot(range(depth), values, linestyle=style, label=f"{branch}, step {evaluation['step']}")
+        ax.set_yscale("log")
+        ax.set_title(r["scheme"] + (" (diverged)" if r["diverged"] else ""), fontsize=8)
+        ax.set_xlabel("layer")
+    axes[0][0].set_ylabel("‖scaled branch‖ / ‖stream‖")
+    axes[0][-1].legend(fontsize=6)
+    fig.suptitle(f"branch-to-stream ratio at init and at the end, depth {depth}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_reports(out: str, command: str | None = None) -> dict[str, str]:
+    """Every output from the finished records in ``out`` (and its ``lr_sweep/``); returns {what: path}."""
+    sweep = load_records(out)
+    lr_dir = os.path.join(out, "lr_sweep")
+    lr_sweep = load_records(lr_dir)
+    if not sweep and not lr_sweep:
+        raise FileNotFoundError(f"no finished runs under {os.path.join(out, 'runs')} or {lr_dir}")
+    paths = {}
+    if sweep:
+        paths["csv"] = os.path.join(out, "results.csv")
+        write_csv(sweep, paths["csv"])
+        paths["table"] = os.path.join(out, "table.md")
+        write_table(sweep, paths["table"], f"Final test accuracy (%) on {sweep[0]['dataset']}, mean ± std over "
+                                           f"seeds" + (f"\n\nCommand: `{command}`" if command else ""))
+        deepest = max(r["depth"] for r in sweep)
+        paths["acc_vs_depth"] = os.path.join(out, "acc_vs_depth.png")
+        plot_accuracy_vs_depth(sweep, paths["acc_vs_depth"])
+        paths["loss_curves"] = os.path.join(out, f"loss_curves_depth{deepest}.png")
+        plot_loss_curves(sweep, deepest, paths["loss_curves"])
+        paths["scale_heatmap"] = os.path.join(out, f"scale_heatmap_depth{deepest}.png")
+        plot_scale_heatmap(sweep, deepest, paths["scale_heatmap"])
+        paths["ratio_init_end"] = os.path.join(out, f"ratio_init_end_depth{deepest}.png")
+        plot_ratio_init_end(sweep, deepest, paths["ratio_init_end"])
+    if lr_sweep:
+        paths["lr_csv"] = os.path.join(lr_dir, "results.csv")
+        write_csv(lr_sweep, paths["lr_csv"])
+        paths["lr_table"] = os.path.join(lr_dir, "table.md")
+        write_lr_table(lr_sweep, paths["lr_table"])
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------
+def measure(depths, sizing: Sizing, steps: int, log=print) -> dict[int, float]:
+    """Seconds per run at each depth for ``sizing`` (``steps`` timed, scaled to ``sizing.steps``; layerscale)."""
+    costs = {}
+    for depth in depths:
+        probe = dataclasses.replace(sizing, steps=steps, evals=1)
+        record = train_run(RunSpec(depth, "layerscale", True, 0, RECIPE["learning_rate"]), probe)
+        costs[depth] = record["seconds"]
+        log(f"depth {depth}: {record['seconds']:.1f} s for {steps} steps (compile included)")
+    return costs
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--depths", type=int, nargs="+", default=[6, 12, 24])
-    parser.add_argument("--scalings", nargs="+", default=["none", "layerscale", "scalar", "rezero", "skipinit"])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--steps", type=int, default=None, help="override the config's step count")
     parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "depth_ablation"))
+    parser.add_argument("--depths", type=int, nargs="+", default=None)
+    parser.add_argument("--schemes", nargs="+", default=None, choices=sorted(SCHEMES_BY_NAME))
+    parser.add_argument("--seeds", type=int, nargs="+", default=None)
+    parser.add_argument("--learning_rate", type=float, default=RECIPE["learning_rate"])
+    parser.add_argument("--steps", type=int, default=None, help=f"override SIZING.steps ({SIZING.steps})")
+    parser.add_argument("--dataset", default="digits", help="digits, or any prepared TFDS image dataset by name")
+    parser.add_argument("--data_dir", default=None)
+    parser.add_argument("--quick", action="store_true", help=f"tiny grid in minutes: depths {QUICK_DEPTHS}, "
+                                                              f"{QUICK_SIZING.steps} steps, width "
+                                                              f"{QUICK_SIZING.embed_dim}, seed 0")
+    parser.add_argument("--lr_sweep", action="store_true",
+                        help=f"every scheme at depth {LR_SWEEP_DEPTH}, lr in {LR_SWEEP_RATES}, seed 0")
+    parser.add_argument("--report", action="store_true", help="only rewrite the outputs from finished runs")
+    parser.add_argument("--measure", type=int, nargs="*", default=None, metavar="DEPTH",
+                        help="time one run per depth (default 6 24 96) at SIZING and print the sweep estimate")
     args = parser.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    rows = []
-    for depth in args.depths:
-        for scaling in args.scalings:
-            for seed in args.seeds:
-                rows.append(run_one(args.out, depth, scaling, seed, args.steps))
-                print(json.dumps(rows[-1]), flush=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"command": " ".join(sys.argv), "runs": rows}, f, indent=2)
-    print(write_table(rows, args.depths, args.scalings, os.path.join(args.out, "table.md")))
-    write_plot(rows, args.depths, args.scalings, os.path.join(args.out, "plot.png"))
+    for field in ("depths", "seeds"):
+        values = getattr(args, field)
+        if values is not None and any(v < 1 if field == "depths" else v < 0 for v in values):
+            raise SystemExit(f"--{field}={values}: depths must be ≥ 1 and seeds ≥ 0")
+    sizing = QUICK_SIZING if args.quick else SIZING
+    if args.steps is not None:
+        if args.steps < 1:
+            raise SystemExit(f"--steps={args.steps} must be ≥ 1")
+        sizing = dataclasses.replace(sizing, steps=args.steps)
+    command = "python experiments/depth_ablation.py " + " ".join(sys.argv[1:] if argv is None else argv)
+
+    if args.measure is not None:
+        depths = args.measure or [6, 24, 96]
+        costs = measure(depths, sizing, steps=min(sizing.steps, 60))
+        per_depth = statistics.mean(costs[d] / d for d in depths)
+        specs = grid(DEPTHS, DEFAULT_SCHEMES, SEEDS, args.learning_rate, sorted(DEPTHS)[-2:])
+        scale = sizing.steps / min(sizing.steps, 60)
+        print(f"{len(specs)} runs, estimated {_fmt_seconds(scale * per_depth * sum(s.depth for s in specs))} "
+              f"(linear-in-depth fit, {sizing.steps} steps)")
+        return
+    if not args.report:
+        schemes = tuple(args.schemes or DEFAULT_SCHEMES)
+        if args.lr_sweep:
+            specs = lr_sweep_grid(schemes, (args.depths or [LR_SWEEP_DEPTH])[0], LR_SWEEP_RATES)
+        else:
+            depths = tuple(args.depths or (QUICK_DEPTHS if args.quick else DEPTHS))
+            seeds = tuple(args.seeds if args.seeds is not None else ((0,) if args.quick else SEEDS))
+            specs = grid(depths, schemes, seeds, args.learning_rate, sorted(depths)[-2:])
+        run_sweep(specs, sizing, os.path.join(args.out, "lr_sweep") if args.lr_sweep else args.out, args.dataset,
+                  args.data_dir)
+    for what, path in write_reports(args.out, command).items():
+        print(f"{what}: {path}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,105 @@
+"""Specifications of the depth-ablation driver (experiments/depth_ablation.py) on a grid of tiny runs.
+
+One module-scoped sweep of three depth-1 runs (one of them at a learning rate of 1e30, which must diverge) feeds
+every test, so the whole file costs a few compilations.
+"""
+import csv
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
+import depth_ablation as da  # noqa: E402
+
+TINY = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=4, evals=2, log_every=2)
+SPECS = [da.RunSpec(1, "none", True, 0, 5e-3), da.RunSpec(1, "layerscale", False, 0, 5e-3),
+         da.RunSpec(1, "skipinit", True, 0, 1e30)]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("ablation"))
+    lines = []
+    da.run_sweep(SPECS, TINY, out, log=lines.append)
+    return out, lines, da.write_reports(out, command="pytest")
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_results_csv_has_one_well_formed_row_per_run(sweep):
+    out, _, paths = sweep
+    rows = read_rows(paths["csv"])
+    assert tuple(rows[0]) == da.CSV_FIELDS
+    assert sorted((r["scheme"], r["warmup"]) for r in rows) == [("layerscale", "False"), ("none", "True"),
+                                                                ("skipinit", "True")]
+    for row in rows:
+        assert row["depth"] == "1" and int(row["steps"]) >= 1 and float(row["seconds"]) > 0
+        assert 0.0 <= float(row["final_test_accuracy"]) <= float(row["best_test_accuracy"]) <= 1.0
+
+
+def test_a_diverging_run_is_recorded_as_diverged_not_raised(sweep):
+    _, lines, paths = sweep
+    by_scheme = {r["scheme"]: r for r in read_rows(paths["csv"])}
+    assert by_scheme["skipinit"]["diverged"] == "True" and by_scheme["skipinit"]["final_train_loss"] == "nan"
+    assert int(by_scheme["skipinit"]["steps"]) < TINY.steps or by_scheme["skipinit"]["diverged_at_step"]
+    assert by_scheme["none"]["diverged"] == "False"
+    assert any("DIVERGED" in line for line in lines)
+
+
+def test_epsilon_column_follows_the_scheme(sweep):
+    by_scheme = {r["scheme"]: r for r in read_rows(sweep[2]["csv"])}
+    assert by_scheme["layerscale"]["epsilon"] == "0.1"          # CaiT rule at depth 1
+    assert by_scheme["skipinit"]["epsilon"] == "0.0" and by_scheme["none"]["epsilon"] == ""
+
+
+def test_table_and_every_plot_are_written(sweep):
+    _, _, paths = sweep
+    table = open(paths["table"]).read()
+    assert "| depth | none | layerscale (no warm-up) | skipinit |" in table and "(1/1 diverged)" in table
+    for what in ("acc_vs_depth", "loss_curves", "scale_heatmap", "ratio_init_end"):
+        with open(paths[what], "rb") as f:
+            assert f.read(8) == PNG_MAGIC, what
+
+
+def test_each_record_holds_the_loss_curve_and_diagnostics_at_init_and_each_evaluation(sweep):
+    out, _, _ = sweep
+    record = {r["scheme"]: r for r in da.load_records(out)}["layerscale"]
+    assert [e["step"] for e in record["evaluations"]] == [0, 2, 4]
+    assert [s for s, _ in record["train_loss_curve"]] == [2, 4]
+    init = record["evaluations"][0]
+    assert init["diag/blocks.0.attn.scale"] == pytest.approx(0.1)
+    assert {"diag/blocks.0.attn.ratio", "diag/blocks.0.mlp.ratio", "diag/blocks.0.grad_norm"} <= set(init)
+
+
+def test_a_resumed_sweep_skips_finished_runs_and_trains_only_missing_ones(sweep, monkeypatch, tmp_path):
+    out, _, _ = sweep
+    trained = []
+    monkeypatch.setattr(da, "train_run", lambda spec, *a, **k: trained.append(spec) or pytest.fail("retrained"))
+    lines = []
+    da.run_sweep(SPECS, TINY, out, log=lines.append)
+    assert trained == [] and lines[0] == "3 runs in the grid, 3 already finished, 0 to train"
+
+    # a copy of the sweep missing one record trains exactly that run and reports progress with an ETA
+    import shutil
+    partial = str(tmp_path / "partial")
+    shutil.copytree(out, partial)
+    os.remove(da.record_path(partial, SPECS[0]))
+    record = {r["scheme"]: r for r in da.load_records(out)}["none"]
+    monkeypatch.setattr(da, "train_run", lambda spec, *a, **k: trained.append(spec) or record)
+    lines = []
+    da.run_sweep(SPECS, TINY, partial, log=lines.append)
+    assert trained == [SPECS[0]]
+    assert lines[-1].startswith("[3/3 runs done] depth1_none_warmupon_lr0.005_seed0") and "ETA 0:00:00" in lines[-1]
+
+
+def test_default_grid_has_every_cell_and_the_warmup_ablation():
+    specs = da.grid(da.DEPTHS, da.DEFAULT_SCHEMES, da.SEEDS, 5e-3, sorted(da.DEPTHS)[-2:])
+    assert len(specs) == 5 * 6 * 3 + 2 * 2 * 3
+    off = {(s.depth, s.scheme) for s in specs if not s.warmup}
+    assert off == {(d, s) for d in (48, 96) for s in ("none", "layerscale")}
+    assert len({s.run_id for s in specs}) == len(specs)
