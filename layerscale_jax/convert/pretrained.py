@@ -33,6 +33,7 @@ from flax import nnx
 from layerscale_jax.convert.files import flatten_tensors, is_timm_file, read_state_dict
 from layerscale_jax.convert.naming import (family, is_fused_qkv, ours_to_timm, ours_to_timm_name, qkv_heads_major,
                                           qkv_timm_order, timm_shape, timm_to_ours)
+from layerscale_jax.layers.lora import is_adapter_path
 from layerscale_jax.models.layout import STACKED_KEY
 from layerscale_jax.models.registry import create_from_config, create_model, list_models, model_config
 
@@ -107,8 +108,10 @@ def _param_tree(model: nnx.Module) -> dict:
 
 
 def _expected_params(model: nnx.Module) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Our flat key → (shape, dtype) of every parameter of ``model``, in the unrolled layout."""
-    specs = {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in flatten(_param_tree(model)).items()}
+    """Our flat key → (shape, dtype) of every parameter of ``model``, in the unrolled layout. LoRA adapters are
+    not part of a pre-trained checkpoint: they keep their initialisation (``layers.lora``)."""
+    specs = {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in flatten(_param_tree(model)).items()
+             if not is_adapter_path(k)}
     if model.cfg.scan_layers:
         specs = _unstack(specs, model.cfg.depth, take=lambda spec, i: (spec[0][1:], spec[1]))
     return specs
@@ -116,7 +119,7 @@ def _expected_params(model: nnx.Module) -> dict[str, tuple[tuple[int, ...], np.d
 
 def unrolled_params(model: nnx.Module) -> dict[str, np.ndarray]:
     """The model's parameters as numpy arrays keyed by our flat names, in the unrolled layout."""
-    flat = {k: np.asarray(v) for k, v in flatten(_param_tree(model)).items()}
+    flat = {k: np.asarray(v) for k, v in flatten(_param_tree(model)).items() if not is_adapter_path(k)}
     return _unstack(flat, model.cfg.depth) if model.cfg.scan_layers else flat
 
 
@@ -488,6 +491,10 @@ def to_timm(model: nnx.Module) -> dict[str, np.ndarray]:
     ``timm.create_model(name, **same_arch).load_state_dict({k: torch.from_numpy(v) ...}, strict=True)`` accepts
     it. Raises ValueError for parameters timm has no name for (``branch_scaling`` other than layerscale/none).
     """
+    from layerscale_jax.layers.lora import adapted_layers
+    if any(not layer.lora_merged for _, layer in adapted_layers(model)):
+        raise ValueError("the model has LoRA adapters that are not merged: lora.merge(model) first, so the exported "
+                         "weights include them")
     fam = family(model.cfg)
     specs = _expected_params(model)
     untranslatable = [k for k, (shape, _) in specs.items() if ours_to_timm_name(k, len(shape), fam) is None]

@@ -31,6 +31,7 @@ from flax import nnx
 from layerscale_jax.layers.attention import Attention, ClassAttention, TalkingHeadsAttention
 from layerscale_jax.layers.common import Mlp, layer_norm
 from layerscale_jax.layers.drop_path import DropPath
+from layerscale_jax.layers.lora import dropout_rng
 from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import keeps_layernorm, make_branch_scale, shares_scale_across_branches
 
@@ -88,7 +89,13 @@ class Block(_ScaledResidualBlock):
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: jnp.ndarray, key: jax.Array | None = None, drop_path_rate=None):
-        """``(x'', ratios)`` with ``ratios = [‖S1·Attn‖/‖x‖, ‖S2·MLP‖/‖x'‖]`` (float32, shape ``(2,)``)."""
+        """``(x'', ratios)`` with ``ratios = [‖S1·Attn‖/‖x‖, ‖S2·MLP‖/‖x'‖]`` (float32, shape ``(2,)``).
+
+        ``key`` (train mode) drives stochastic depth and, through ``lora.dropout_rng``, any LoRA adapter dropout."""
+        with dropout_rng(key):
+            return self._forward(x, key, drop_path_rate)
+
+    def _forward(self, x, key, drop_path_rate):
         k1, k2 = self._keys(key)
         b, n, d = x.shape
         x = _stream(x.reshape(b * n, d))
@@ -124,6 +131,10 @@ class ClassAttentionBlock(_ScaledResidualBlock):
 
     def forward(self, x_cls: jnp.ndarray, x_patches: jnp.ndarray, key: jax.Array | None = None):
         """``(x_cls'', ratios)``: the updated class token and its two branch-to-stream ratios, as ``Block.forward``."""
+        with dropout_rng(key):
+            return self._forward(x_cls, x_patches, key)
+
+    def _forward(self, x_cls, x_patches, key):
         k1, k2 = self._keys(key)
         tokens = jnp.concatenate([x_cls, x_patches], axis=1)
         attn = self._scaled(self.attn, self.ls1, self._norm(self.norm1, tokens))

@@ -71,6 +71,7 @@ def linear(layer: nnx.Linear, x: jnp.ndarray, out_scale: jnp.ndarray | None = No
     b_j ∂L/∂b'_j`` comes from the small weight gradient, and the backward pass needs no ``s ⊙ ∂L/∂y`` over every
     token, no reduction over tokens and no stored unscaled branch output. ``W diag s`` is formed in float32 and
     then cast to the compute dtype like any kernel, so the matmul keeps its precision relative to its output.
+    A LoRA layer (``layers.lora.LoRALinear``) adds its update folded the same way, ``(α/r) x A (B diag s)``.
     """
     if out_scale is None:
         return layer(x)
@@ -79,6 +80,9 @@ def linear(layer: nnx.Linear, x: jnp.ndarray, out_scale: jnp.ndarray | None = No
     y = jnp.matmul(x.astype(dtype), kernel, precision=layer.precision)
     if layer.bias is not None:
         y = y + (layer.bias[...].astype(jnp.float32) * out_scale).astype(dtype)
+    adapter = getattr(layer, "adapter_delta", None)      # a LoRA adapter folds the same way: (α/r) x A (B diag s)
+    if adapter is not None:
+        y = y + adapter(x, out_scale).astype(y.dtype)
     return y
 
 

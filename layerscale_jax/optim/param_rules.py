@@ -19,8 +19,10 @@ from flax import nnx
 from layerscale_jax.models import groups
 
 # Weight decay by the parameter's leaf name (never by ndim: stacking adds a layer axis to every parameter).
-DECAYED_NAMES = ("kernel",)  # Dense and Conv kernels (incl. CaiT's talking-heads proj_l / proj_w)
-NOT_DECAYED_NAMES = ("bias", "scale", "gamma", "alpha", "cls_token", "pos_embed")  # biases, norms, λ, gates, tokens
+DECAYED_NAMES = ("kernel", "lora_a", "lora_b")  # Dense and Conv kernels (incl. CaiT's proj_l / proj_w), LoRA A, B
+NOT_DECAYED_NAMES = ("bias", "scale", "gamma", "alpha", "cls_token", "pos_embed",   # biases, norms, λ, gates, tokens
+                     "mask_token", "decoder_pos_embed")                             # MAE's mask token and decoder
+                                                                                    # position embedding
 
 
 def _check_decay(decay: float, min_scale: float) -> None:

@@ -89,6 +89,8 @@ def _leaf_logical_axes(names: tuple[str, ...], leaf: str, ndim: int) -> tuple:
     }
     if module in table:
         kernel_axes = table[module]
+        if leaf in ("lora_a", "lora_b"):        # LoRA A (d_in, r), B (r, d_out): the kernel's input / output axis
+            return (kernel_axes[0], None) if leaf == "lora_a" else (None, kernel_axes[1])
         return kernel_axes if leaf == "kernel" else kernel_axes[-1:]
     return (None,) * ndim
 
