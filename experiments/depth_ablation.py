@@ -83,10 +83,10 @@ class Sizing:
     log_every: int
 
 
-# Default: width 32 (2 heads), 300 steps of batch 64 (~11 epochs of the 1,617 digits training images), scanned
-# layers (compile time flat in depth). Measured on the 2-core development CPU with `--measure` (experiments/
-# README.md has the numbers) to fit the default grid in ≤ 3 h.
-SIZING = Sizing(embed_dim=32, num_heads=2, batch_size=64, steps=300, evals=4, log_every=10)
+# Default: width 32 (2 heads), 200 steps of batch 64 (~9 epochs of the 1,442 digits training images), scanned
+# layers (compile time flat in depth). Sized from measurements on the 2-core development CPU (experiments/
+# README.md has them) to fit the default grid in about 3 h; re-time with `--measure` and change `steps` here.
+SIZING = Sizing(embed_dim=32, num_heads=2, batch_size=64, steps=200, evals=4, log_every=10)
 QUICK_SIZING = Sizing(embed_dim=16, num_heads=2, batch_size=32, steps=24, evals=2, log_every=4)
 QUICK_DEPTHS = (2, 4)
 
@@ -113,11 +113,28 @@ class RunSpec:
 
 def grid(depths, schemes, seeds, learning_rate, warmup_off_depths) -> list[RunSpec]:
     """The default grid: every depth × scheme × seed with warm-up, plus warm-up off for ``WARMUP_OFF_SCHEMES`` at
-    ``warmup_off_depths``. Cheapest runs first, so partial results cover every scheme early."""
-    runs = [RunSpec(d, s, True, k, learning_rate) for d in depths for k in seeds for s in schemes]
-    runs += [RunSpec(d, s, False, k, learning_rate) for d in warmup_off_depths for k in seeds for s in schemes
+    ``warmup_off_depths``. Cheapest runs first, so partial results cover every scheme early.
+
+    ``learning_rate`` is one rate shared by every scheme, or ``{scheme: rate}`` (``best_learning_rates``)."""
+    rate = learning_rate.__getitem__ if isinstance(learning_rate, dict) else (lambda scheme: learning_rate)
+    runs = [RunSpec(d, s, True, k, rate(s)) for d in depths for k in seeds for s in schemes]
+    runs += [RunSpec(d, s, False, k, rate(s)) for d in warmup_off_depths for k in seeds for s in schemes
              if s in WARMUP_OFF_SCHEMES]
     return sorted(runs, key=lambda r: (r.depth, r.seed, not r.warmup))
+
+
+def best_learning_rates(lr_sweep_dir: str, schemes) -> dict[str, float]:
+    """Each scheme's rate from a finished ``--lr_sweep``: the highest final test accuracy among the runs that did
+    not diverge (ties: the lower rate)."""
+    records = load_records(lr_sweep_dir)
+    best = {}
+    for scheme in schemes:
+        runs = [r for r in records if r["scheme"] == scheme and not r["diverged"]]
+        if not runs:
+            raise FileNotFoundError(f"--per_scheme_lr: no finished, non-diverged --lr_sweep run of scheme {scheme!r} "
+                                    f"under {lr_sweep_dir}; run --lr_sweep first")
+        best[scheme] = max(runs, key=lambda r: (r["final_test_accuracy"], -r["learning_rate"]))["learning_rate"]
+    return best
 
 
 def lr_sweep_grid(schemes, depth, rates, seed=0) -> list[RunSpec]:
@@ -218,9 +235,14 @@ def train_run(spec: RunSpec, sizing: Sizing, dataset: str = "digits", data_dir: 
     train_loss: list[tuple[int, float]] = []
     pending, step, diverged, diverged_at = [], 0, False, None
     batch = first
+    setup_seconds = time.time() - start
+    eval_seconds, first_step_seconds = 0.0, None
     while step < config.train.steps:
         state, metrics = trainer.train_step(state, batch)
         step += 1
+        if step == 1:
+            jax.block_until_ready(metrics)
+            first_step_seconds = time.time() - start - setup_seconds
         pending.append(metrics)
         if step % config.train.log_every == 0 or step == config.train.steps:
             fetched = jax.device_get(pending)
@@ -232,13 +254,17 @@ def train_run(spec: RunSpec, sizing: Sizing, dataset: str = "digits", data_dir: 
             train_loss.append((step, float(np.mean(finite)) if finite else float("nan")))
         is_eval = step % config.train.eval_every == 0 or step == config.train.steps or diverged
         if is_eval:
+            eval_start = time.time()
             evaluation = _evaluate(trainer, state["params"], config, mesh)
             evaluation.update(evaluation_record(diagnostics_fn, state["params"], diagnostics_batch))
             evaluations.append({"step": step, **evaluation})
+            eval_seconds += time.time() - eval_start
         if diverged:
             break
         batch = data_lib.to_global_batch(next(train_iter), mesh)
     train_iter.close()
+    seconds = time.time() - start
+    step_seconds = (seconds - setup_seconds - first_step_seconds - eval_seconds) / max(step - 1, 1)
     accuracies = [e["test_accuracy"] for e in evaluations if "test_accuracy" in e]
     return {
         "run_id": spec.run_id, "depth": spec.depth, "scheme": spec.scheme,
@@ -248,7 +274,9 @@ def train_run(spec: RunSpec, sizing: Sizing, dataset: str = "digits", data_dir: 
         "embed_dim": sizing.embed_dim, "batch_size": sizing.batch_size,
         "final_test_accuracy": accuracies[-1], "best_test_accuracy": max(accuracies),
         "final_train_loss": float("nan") if diverged else train_loss[-1][1],
-        "diverged": diverged, "diverged_at_step": diverged_at, "steps": step, "seconds": time.time() - start,
+        "diverged": diverged, "diverged_at_step": diverged_at, "steps": step, "seconds": seconds,
+        "timing": {"setup": setup_seconds, "first_step": first_step_seconds, "per_step": step_seconds,
+                   "evaluations": eval_seconds},
         "train_loss_curve": train_loss, "evaluations": evaluations,
     }
 
@@ -546,15 +574,36 @@ def write_reports(out: str, command: str | None = None) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------------------
-def measure(depths, sizing: Sizing, steps: int, log=print) -> dict[int, float]:
-    """Seconds per run at each depth for ``sizing`` (``steps`` timed, scaled to ``sizing.steps``; layerscale)."""
+def measure(depths, sizing: Sizing, steps: int, log=print) -> dict[int, dict]:
+    """Time one `layerscale` run of ``steps`` steps per depth at ``sizing``: setup (model init, diagnostics at
+    step 0), the first step (its compilation), each later step, and the evaluations."""
     costs = {}
     for depth in depths:
         probe = dataclasses.replace(sizing, steps=steps, evals=1)
-        record = train_run(RunSpec(depth, "layerscale", True, 0, RECIPE["learning_rate"]), probe)
-        costs[depth] = record["seconds"]
-        log(f"depth {depth}: {record['seconds']:.1f} s for {steps} steps (compile included)")
+        timing = train_run(RunSpec(depth, "layerscale", True, 0, RECIPE["learning_rate"]), probe)["timing"]
+        costs[depth] = timing
+        log(f"depth {depth}: setup {timing['setup']:.1f} s, first step {timing['first_step']:.1f} s, "
+            f"{1000 * timing['per_step']:.0f} ms per step, evaluations {timing['evaluations']:.1f} s")
     return costs
+
+
+def estimate_sweep_seconds(costs: dict[int, dict], specs: list[RunSpec], sizing: Sizing) -> float:
+    """Σ over runs of fixed cost + steps × per-step cost, both linear in depth (least squares over the measured
+    depths; the fixed cost of `sizing.evals` evaluations from the one measured, uncached compiles assumed)."""
+    import numpy as np
+    depths = np.array(sorted(costs), float)
+
+    def fit(values):
+        if len(depths) == 1:
+            return 0.0, float(values[0])
+        slope, intercept = np.polyfit(depths, values, 1)
+        return float(slope), float(intercept)
+
+    step_fit = fit([costs[d]["per_step"] for d in sorted(costs)])
+    fixed_fit = fit([costs[d]["setup"] + costs[d]["first_step"] + costs[d]["evaluations"] * sizing.evals
+                     for d in sorted(costs)])
+    line = lambda f, d: max(f[0] * d + f[1], 0.0)  # noqa: E731
+    return sum(line(fixed_fit, s.depth) + sizing.steps * line(step_fit, s.depth) for s in specs)
 
 
 def main(argv=None) -> None:
@@ -563,7 +612,10 @@ def main(argv=None) -> None:
     parser.add_argument("--depths", type=int, nargs="+", default=None)
     parser.add_argument("--schemes", nargs="+", default=None, choices=sorted(SCHEMES_BY_NAME))
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
-    parser.add_argument("--learning_rate", type=float, default=RECIPE["learning_rate"])
+    parser.add_argument("--learning_rate", type=float, default=RECIPE["learning_rate"],
+                        help="the rate shared by every scheme")
+    parser.add_argument("--per_scheme_lr", action="store_true",
+                        help="each scheme at its best rate from a finished --lr_sweep in OUT/lr_sweep")
     parser.add_argument("--steps", type=int, default=None, help=f"override SIZING.steps ({SIZING.steps})")
     parser.add_argument("--dataset", default="digits", help="digits, or any prepared TFDS image dataset by name")
     parser.add_argument("--data_dir", default=None)
@@ -588,13 +640,12 @@ def main(argv=None) -> None:
     command = "python experiments/depth_ablation.py " + " ".join(sys.argv[1:] if argv is None else argv)
 
     if args.measure is not None:
-        depths = args.measure or [6, 24, 96]
-        costs = measure(depths, sizing, steps=min(sizing.steps, 60))
-        per_depth = statistics.mean(costs[d] / d for d in depths)
+        enable_compilation_cache()
+        costs = measure(args.measure or [6, 24, 96], sizing, steps=min(sizing.steps, 40))
         specs = grid(DEPTHS, DEFAULT_SCHEMES, SEEDS, args.learning_rate, sorted(DEPTHS)[-2:])
-        scale = sizing.steps / min(sizing.steps, 60)
-        print(f"{len(specs)} runs, estimated {_fmt_seconds(scale * per_depth * sum(s.depth for s in specs))} "
-              f"(linear-in-depth fit, {sizing.steps} steps)")
+        print(f"default grid: {len(specs)} runs of {sizing.steps} steps, estimated "
+              f"{_fmt_seconds(estimate_sweep_seconds(costs, specs, sizing))} (an upper bound: seeds 1 and 2 reuse "
+              f"compiled programs)")
         return
     if not args.report:
         schemes = tuple(args.schemes or DEFAULT_SCHEMES)
@@ -603,7 +654,11 @@ def main(argv=None) -> None:
         else:
             depths = tuple(args.depths or (QUICK_DEPTHS if args.quick else DEPTHS))
             seeds = tuple(args.seeds if args.seeds is not None else ((0,) if args.quick else SEEDS))
-            specs = grid(depths, schemes, seeds, args.learning_rate, sorted(depths)[-2:])
+            rates = (best_learning_rates(os.path.join(args.out, "lr_sweep"), schemes) if args.per_scheme_lr
+                     else args.learning_rate)
+            if args.per_scheme_lr:
+                print("learning rate per scheme (from the lr sweep): " + json.dumps(rates))
+            specs = grid(depths, schemes, seeds, rates, sorted(depths)[-2:])
         run_sweep(specs, sizing, os.path.join(args.out, "lr_sweep") if args.lr_sweep else args.out, args.dataset,
                   args.data_dir)
     for what, path in write_reports(args.out, command).items():

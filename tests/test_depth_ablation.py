@@ -103,3 +103,27 @@ def test_default_grid_has_every_cell_and_the_warmup_ablation():
     off = {(s.depth, s.scheme) for s in specs if not s.warmup}
     assert off == {(d, s) for d in (48, 96) for s in ("none", "layerscale")}
     assert len({s.run_id for s in specs}) == len(specs)
+
+
+def test_per_scheme_learning_rates_come_from_the_best_non_diverged_lr_sweep_run(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for i, (scheme, lr, acc, diverged) in enumerate([("none", 1e-3, 0.8, False), ("none", 1e-2, 0.9, False),
+                                                    ("rezero", 1e-3, 0.7, False), ("rezero", 1e-2, 0.1, True)]):
+        (runs / f"{i}.json").write_text(
+            f'{{"scheme": "{scheme}", "learning_rate": {lr}, "final_test_accuracy": {acc}, '
+            f'"diverged": {str(diverged).lower()}}}')
+    assert da.best_learning_rates(str(tmp_path), ["none", "rezero"]) == {"none": 1e-2, "rezero": 1e-3}
+    specs = da.grid((6,), ("none", "rezero"), (0,), {"none": 1e-2, "rezero": 1e-3}, ())
+    assert {(s.scheme, s.learning_rate) for s in specs} == {("none", 1e-2), ("rezero", 1e-3)}
+    with pytest.raises(FileNotFoundError, match="scheme 'skipinit'"):
+        da.best_learning_rates(str(tmp_path), ["skipinit"])
+
+
+def test_sweep_estimate_adds_fixed_and_per_step_costs_linear_in_depth():
+    costs = {6: {"setup": 1.0, "first_step": 2.0, "evaluations": 0.5, "per_step": 0.06},
+             24: {"setup": 1.0, "first_step": 2.0, "evaluations": 0.5, "per_step": 0.24}}
+    sizing = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=100, evals=4, log_every=10)
+    specs = [da.RunSpec(12, "none", True, 0, 1e-3), da.RunSpec(48, "none", True, 0, 1e-3)]
+    # per step 0.01 s per block; fixed 1 + 2 + 4 × 0.5 = 5 s
+    assert da.estimate_sweep_seconds(costs, specs, sizing) == pytest.approx(2 * 5 + 100 * 0.01 * (12 + 48))
