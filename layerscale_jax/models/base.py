@@ -118,4 +118,5 @@ def embed_patches(model: nnx.Module, images: jnp.ndarray) -> jnp.ndarray:
 
 def class_tokens(model: nnx.Module, batch: int) -> jnp.ndarray:
     """The learned class token for every sample, float32 ``(batch, 1, dim)``."""
-    return jnp.broadcast_to(model.cls_token[...].astype(jnp.float32), (batch, 1, model.cfg.embed_dim))
+    tokens = jnp.broadcast_to(model.cls_token[...].astype(jnp.float32), (batch, 1, model.cfg.embed_dim))
+    return constrain(tokens, ("batch", None, None))

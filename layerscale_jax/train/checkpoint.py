@@ -77,7 +77,7 @@ def all_finite(tree) -> bool:
     return bool(_finite_fn(mesh)(tree))
 
 
-def _broadcast(value):
+def broadcast_from_primary(value):
     """Process 0's ``value`` (a JSON-able object) on every process."""
     if jax.process_count() == 1:
         return value
@@ -116,12 +116,16 @@ def _file_digests(root: epath.Path) -> dict[str, str]:
 
 
 class Checkpointer:
-    def __init__(self, directory, *, keep: int, best_metric: str = "test_accuracy"):
+    def __init__(self, directory, *, keep: int, best_metric: str = "test_accuracy", best_mode: str = "max"):
+        """Keeps the newest ``keep`` checkpoints and the best by ``best_metric`` (``best_mode`` 'max': higher is
+        better, as accuracy; 'min': lower, as a loss)."""
+        if best_mode not in ("max", "min"):
+            raise ValueError(f"best_mode={best_mode!r} is not 'max' or 'min'")
         self.directory = as_path(directory)
         self.best_metric = best_metric
         policy = ocm.AnyPreservationPolicy([
             ocm.LatestN(n=keep),
-            ocm.BestN(get_metric_fn=lambda metrics: metrics[best_metric], reverse=False, n=1,
+            ocm.BestN(get_metric_fn=lambda metrics: metrics[best_metric], reverse=best_mode == "min", n=1,
                       keep_checkpoints_without_metrics=False),
         ])
         options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=True,
@@ -224,9 +228,10 @@ class Checkpointer:
     def restore(self, abstract_state: dict, step: int | None = None):
         """``(step, state, data_state, window)`` from the newest usable checkpoint (or ``step``), or None if there
         is no checkpoint at all. Every process restores the same step."""
-        candidates = _broadcast(sorted(self.manager.all_steps(), reverse=True) if step is None else [step])
+        steps = sorted(self.manager.all_steps(), reverse=True) if step is None else [step]
+        candidates = broadcast_from_primary(steps)
         for candidate in candidates:
-            reason = _broadcast(self._verify(candidate) if jax.process_index() == 0 else None)
+            reason = broadcast_from_primary(self._verify(candidate) if jax.process_index() == 0 else None)
             if reason is None:
                 data_state, reason = self._read_data_state(candidate)
                 reason = None if _all_processes_ok(reason is None) else (reason or "another process's data state")

@@ -1,4 +1,6 @@
-"""``train_and_evaluate(config, workdir)``: the main job, readable top to bottom.
+"""``train_and_evaluate(config, workdir)``: the main job, readable top to bottom. The same loop trains a classifier
+(from scratch, or fine-tuned fully, with LoRA or as a linear probe: ``train.finetune``) or pre-trains an MAE; the
+task (``train.tasks``) supplies the loss, the evaluation and what is written at each evaluation.
 
 mesh → data → model (abstract) → optimizer → shardings → state (created sharded, or restored) → jitted step →
 loop (metrics, evaluation, checkpoints, preemption) → results.json.
@@ -24,8 +26,10 @@ from layerscale_jax import optim
 from layerscale_jax.models import create_model
 from layerscale_jax.data.sharding import process_batch_rows
 from layerscale_jax.train import sharding as shard_lib
+from layerscale_jax.train import finetune as finetune_lib
+from layerscale_jax.train import tasks as tasks_lib
 from layerscale_jax.train import workdir as workdir_lib
-from layerscale_jax.train.checkpoint import Checkpointer, as_path, to_jsonable
+from layerscale_jax.train.checkpoint import Checkpointer, as_path, broadcast_from_primary, to_jsonable
 from layerscale_jax.train.config import model_overrides, validate_experiment_config, validate_train_config
 from layerscale_jax.train.metrics import MetricsWriter, layerscale_statistics
 from layerscale_jax.train.step import init_train_state, make_eval_step, make_train_step
@@ -75,8 +79,11 @@ class _PreemptionFlag:
 
 
 def _check_model_matches_data(model_cfg, info) -> None:
-    for field, expected in (("num_classes", info.num_classes), ("img_size", info.image_size),
-                            ("in_chans", info.channels)):
+    from layerscale_jax.models.mae import MAEConfig
+    from layerscale_jax.models.registry import get_entry
+    pretraining = get_entry(model_cfg.name).config_cls is MAEConfig          # no classifier: labels unused
+    for field, expected in ((("num_classes", info.num_classes),) * (not pretraining) +
+                            (("img_size", info.image_size), ("in_chans", info.channels))):
         if model_cfg.get(field) != expected:
             raise ValueError(f"model.{field}={model_cfg.get(field)!r} does not match dataset {info.name!r} "
                              f"({field} = {expected}); set config.model.{field}={expected}")
@@ -94,7 +101,7 @@ def build_model_fns(config):
     name, overrides = config.model.name, model_overrides(config.model)
 
     def make(seed: int):
-        return create_model(name, rngs=nnx.Rngs(seed), **overrides)
+        return finetune_lib.add_adapters(config, create_model(name, rngs=nnx.Rngs(seed), **overrides), seed)
 
     abstract = nnx.eval_shape(lambda: make(config.train.seed))
     abstract.train()
@@ -128,18 +135,18 @@ def state_shardings(abstract_state: dict, param_sharding, mesh) -> dict:
     return shardings
 
 
-def evaluate(eval_step_fn, params, config, mesh) -> dict[str, float]:
-    """Test loss and accuracy over the whole test split (each example counted once, whatever the process layout)."""
-    sums = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+def evaluate(eval_step_fn, params, config, mesh, task=None) -> dict[str, float]:
+    """The task's test metrics over the whole test split (each example counted once, whatever the process layout):
+    test loss and accuracy for classification, the masked-patch reconstruction loss for MAE."""
+    sums = {"count": 0.0}
     size = config.train.eval_batch_size
     iterator = data_lib.make_eval_iterator(config.data, global_batch_size=size, rows=process_batch_rows(mesh, size))
     for batch in iterator:
         out = eval_step_fn(params, data_lib.to_global_batch(batch, mesh, size))
         for k, v in jax.device_get(out).items():
-            sums[k] += float(v)
-    count = max(sums["count"], 1.0)
-    return {"test_accuracy": sums["correct"] / count, "test_loss": sums["loss_sum"] / count,
-            "test_examples": sums["count"]}
+            sums[k] = sums.get(k, 0.0) + float(v)
+    task = task if task is not None else tasks_lib.ClassificationTask()
+    return task.summarize({**dict.fromkeys(("loss_sum", "correct"), 0.0), **sums})
 
 
 @dataclasses.dataclass
@@ -158,6 +165,9 @@ class Trainer:
     init_fn: Callable
     train_step: Callable          # jitted, donates the state
     eval_step: Callable           # jitted
+    task: Any = None              # train.tasks: classification or MAE
+    graphdef_eval: Any = None
+    optim_config: Any = None      # config.optim with the fine-tuning mode's frozen parameters
 
     def init_state(self) -> dict:
         """The initial train state, created already sharded; ``train.init_from`` weights replace the random ones."""
@@ -181,7 +191,9 @@ def create_trainer(config, mesh) -> Trainer:
     _check_model_matches_data(config.model, info)
 
     make_model, abstract_model, graphdef_train, graphdef_eval, abstract_params = build_model_fns(config)
-    bundle = optim.build(config.optim, abstract_model, total_steps=tc.steps)
+    task = tasks_lib.for_model(abstract_model)
+    optim_config = finetune_lib.optim_config(config, abstract_model)
+    bundle = optim.build(optim_config, abstract_model, total_steps=tc.steps)
     param_sharding = shard_lib.param_shardings(abstract_params, mesh, tc.sharding_rules,
                                                config.model.scan_layers)
     use_ema = config.optim.ema_decay > 0
@@ -198,15 +210,17 @@ def create_trainer(config, mesh) -> Trainer:
         shard_lib.with_activation_sharding(
             make_train_step(graphdef_train, bundle.tx, bundle.schedule, optim_config=config.optim,
                             data_config=config.data, num_classes=info.num_classes,
-                            trainable_mask=bundle.trainable_mask), mesh, tc.sharding_rules),
+                            trainable_mask=bundle.trainable_mask, task=task), mesh, tc.sharding_rules),
         in_shardings=(shardings, batch_sharding), out_shardings=(shardings, shard_lib.replicated(mesh)),
         donate_argnums=(0,))
     eval_batch_sharding = dict(batch_sharding, mask=shard_lib.batch_sharding(mesh))
-    eval_step = jax.jit(shard_lib.with_activation_sharding(make_eval_step(graphdef_eval), mesh, tc.sharding_rules),
+    eval_step = jax.jit(shard_lib.with_activation_sharding(make_eval_step(graphdef_eval, task), mesh,
+                                                           tc.sharding_rules),
                         in_shardings=(param_sharding, eval_batch_sharding),
                         out_shardings=shard_lib.replicated(mesh))
     return Trainer(config, mesh, info, make_model, abstract_model, graphdef_train, bundle, param_sharding, shardings,
-                   abstract_sharded, init_fn, train_step, eval_step)
+                   abstract_sharded, init_fn, train_step, eval_step, task=task, graphdef_eval=graphdef_eval,
+                   optim_config=optim_config)
 
 
 def describe_architecture(config, n_params: int) -> dict:
@@ -238,11 +252,17 @@ def train_and_evaluate(config, workdir, devices=None) -> dict:
     tc = config.train
     workdir = as_path(workdir)
     is_primary = jax.process_index() == 0
-    if is_primary:
-        workdir.mkdir(parents=True, exist_ok=True)
     lock = workdir_lib.WorkdirLock(workdir)
+    problem = None
     if is_primary:
-        lock.acquire()
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+        except workdir_lib.WorkdirError as err:
+            problem = str(err)
+    problem = broadcast_from_primary(problem)      # every process stops, not only process 0
+    if problem is not None:
+        raise workdir_lib.WorkdirError(problem)
     try:
         return _train_and_evaluate(config, workdir, devices, is_primary)
     finally:
@@ -258,12 +278,22 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(trainer.abstract_model, nnx.Param)))
     arch = describe_architecture(config, n_params)
     config_json = to_jsonable(config.to_dict())
-    checkpointer = Checkpointer(workdir / "checkpoints", keep=tc.keep_checkpoints)
+    checkpointer = Checkpointer(workdir / "checkpoints", keep=tc.keep_checkpoints,
+                                best_metric=trainer.task.best_metric, best_mode=trainer.task.best_mode)
     results_path = workdir / "results.json"
 
+    accepted, problem = [], None
     if is_primary:
-        for change in workdir_lib.check_stored_config(workdir, config_json, checkpointer.latest_step() is not None):
-            print(f"config changed since the stored run (accepted): {change}", flush=True)
+        try:
+            accepted = workdir_lib.check_stored_config(workdir, config_json, checkpointer.latest_step() is not None)
+        except workdir_lib.WorkdirError as err:
+            problem = str(err)
+    problem = broadcast_from_primary(problem)
+    if problem is not None:
+        checkpointer.close()
+        raise workdir_lib.WorkdirError(problem)
+    for change in accepted:
+        print(f"config changed since the stored run (accepted): {change}", flush=True)
     if checkpointer.latest_step() == tc.steps and results_path.exists():
         results = json.loads(results_path.read_text())
         if results.get("steps") == tc.steps:
@@ -277,6 +307,8 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
         print(f"{_architecture_line(arch)}; mesh {dict(mesh.shape)}; {jax.device_count()} devices, "
               f"{jax.process_count()} processes", flush=True)
         print("layer-wise learning-rate multipliers:\n" + trainer.bundle.table(), flush=True)
+        if tc.finetune != "full":
+            print(finetune_lib.describe(config, trainer.abstract_model, trainer.optim_config), flush=True)
         print("parameter sharding:\n" + shard_lib.describe(trainer.param_sharding), flush=True)
 
     # State: restored from the workdir, or created already sharded.
@@ -330,8 +362,8 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                         bad = step - len(fetched) + next(i for i, m in enumerate(fetched) if not m["finite"])
                         raise NonFiniteError(_nonfinite_message(bad + 1, checkpointer))
                     now = time.time()
-                    scalars = {k: float(np.mean([m[k] for m in fetched])) for k in
-                               ("train_loss", "train_accuracy", "grad_norm")}
+                    scalars = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]
+                               if k.startswith("train_") or k == "grad_norm"}
                     scalars["learning_rate"] = float(fetched[-1]["learning_rate"])
                     scalars["img_per_s"] = (step - last_log_step) * tc.batch_size / max(now - last_log_time, 1e-9)
                     scalars["nonfinite_steps"] = float(jax.device_get(state["nonfinite_steps"]))
@@ -343,7 +375,8 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                 is_eval = (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps
                 if is_eval:
                     eval_params = state["ema"] if use_ema else state["params"]
-                    eval_results = evaluate(eval_step, eval_params, config, mesh)
+                    eval_results = evaluate(eval_step, eval_params, config, mesh, trainer.task)
+                    trainer.task.after_evaluation(trainer, eval_params, step, workdir)
                     eval_scalars = {**eval_results, **layerscale_statistics(state["params"])}
                     writer.write(step, eval_scalars)
                     writer.progress(step, eval_results)
@@ -358,7 +391,8 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                     break
 
         if not preempted and step == start_step:    # restored at the last step: the run ended before its results
-            eval_results = evaluate(eval_step, state["ema"] if use_ema else state["params"], config, mesh)
+            eval_results = evaluate(eval_step, state["ema"] if use_ema else state["params"], config, mesh,
+                                    trainer.task)
     finally:
         writer.close()
         train_iter.close()
@@ -366,13 +400,14 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
     train_seconds = time.time() - train_start
     if preempted:
         return {"preempted_at_step": step}
-    results = {"test_accuracy": eval_results["test_accuracy"], "test_loss": eval_results["test_loss"],
-               "test_examples": eval_results["test_examples"], "steps": step,
+    results = {**eval_results, "steps": step,
                "train_seconds": train_seconds, "nonfinite_steps": int(jax.device_get(state["nonfinite_steps"])),
                "model": arch, "resumed_from_step": start_step if restored is not None else None}
     if is_primary:
         results_path.write_text(json.dumps(results, indent=2))
-        print(f"test accuracy {results['test_accuracy']:.4f} after {step} steps ({train_seconds:.1f} s)\n"
+        tested = ", ".join(f"{k.replace('_', ' ')} {results[k]:.4f}" for k in ("test_accuracy", "test_loss")
+                           if k in results)
+        print(f"{tested} after {step} steps ({train_seconds:.1f} s)\n"
               f"checkpoints: {checkpointer.directory}\nmetrics: {writer.jsonl_path}\n"
               f"TensorBoard: tensorboard --logdir {writer.tb_dir}\nresults: {results_path}",
               flush=True)
