@@ -92,7 +92,7 @@ QUICK_DEPTHS = (2, 4)
 
 # Shared optimisation recipe (configs/digits_layerscale.py's, except the learning rate, which `--lr_sweep` chose,
 # and the warm-up, scaled to the shorter run).
-RECIPE = dict(learning_rate=5e-3, warmup_fraction=0.1, drop_path_rate=0.05)
+RECIPE = dict(learning_rate=1e-2, warmup_fraction=0.1, drop_path_rate=0.05)
 LR_SWEEP_DEPTH = 24
 LR_SWEEP_RATES = (1e-3, 2e-3, 5e-3, 1e-2, 2e-2)
 
