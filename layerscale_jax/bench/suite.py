@@ -515,7 +515,8 @@ def run_all(out_dir: str | None = None, quick: bool = False, max_load: float | N
     if only and path.exists():
         results = json.loads(path.read_text())
         results.setdefault("reruns", []).append({"entries": list(only), "started": datetime.datetime.now().isoformat(
-            timespec="seconds"), "load_average_start": timing.load_average()})
+            timespec="seconds"), "command": " ".join(["python -m layerscale_jax.bench", *sys.argv[1:]]),
+            "load_average_start": timing.load_average()})
     wanted = set(only or ENTRIES)
     mm = {"float32": timing.matmul_peak("float32"), "bfloat16": timing.matmul_peak("bfloat16")}
     if not only:
@@ -678,8 +679,9 @@ def report(results: dict) -> str:
                              f"≤ 1.2× |")
     m = results.get("machine", {})
     lines.append("")
-    if results.get("command"):
-        lines.append(f"Command: `{results['command']}`.")
+    commands = [c for c in [results.get("command")] + [r.get("command") for r in results.get("reruns", [])] if c]
+    if commands:
+        lines.append("Command(s): " + "; then ".join(f"`{c}`" for c in commands) + ".")
     lines.append(f"Measured {results.get('started', '?')} on {m.get('cpu', '?')} ({m.get('cpu_threads', '?')} threads, "
                  f"{m.get('backend', '?')}), jax {m.get('jax', '?')}; load average {results.get('load_average_start')} "
                  f"at the start, {results.get('load_average_end')} at the end.")
