@@ -18,6 +18,7 @@ from flax import nnx
 from layerscale_jax.layers.blocks import Block, ClassAttentionBlock
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_normal_02
 from layerscale_jax.layers.drop_path import drop_path_rates
+from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import resolve_init_value
 from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches
 from layerscale_jax.models.stack import create_stack, run_stack
@@ -87,7 +88,7 @@ class CaiT(nnx.Module):
         return jnp.concatenate([cls, x], axis=1), {"blocks": stats, "blocks_token_only": jnp.stack(token_only_stats)}
 
     def forward_head(self, x: jnp.ndarray) -> jnp.ndarray:
-        return self.head(self.norm(x[:, 0].astype(self.cfg.dtype))).astype(jnp.float32)
+        return self.head(constrain(self.norm(x[:, 0].astype(self.cfg.dtype)), ("batch", None))).astype(jnp.float32)
 
     def __call__(self, images: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
         return self.forward_head(self.forward_features(images, key))

@@ -17,6 +17,7 @@ from flax import nnx
 from layerscale_jax.layers.blocks import Block
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_normal_02
 from layerscale_jax.layers.drop_path import drop_path_rates
+from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import resolve_init_value
 from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches
 from layerscale_jax.models.stack import create_stack, run_stack
@@ -83,7 +84,7 @@ class VisionTransformer(nnx.Module):
             pooled = self.fc_norm(x[:, 1:].mean(axis=1).astype(self.cfg.dtype))
         else:
             pooled = self.norm(x[:, 0].astype(self.cfg.dtype))
-        return self.head(pooled).astype(jnp.float32)
+        return self.head(constrain(pooled, ("batch", None))).astype(jnp.float32)
 
     def __call__(self, images: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
         return self.forward_head(self.forward_features(images, key))
