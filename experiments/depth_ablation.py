@@ -11,8 +11,9 @@ with plain pre-norm, a per-branch scalar, ReZero and SkipInit. This driver train
     + warm-up off for `none` and `layerscale` at the two largest depths
 
 on the offline `digits` data (or any prepared TFDS image dataset: ``--dataset NAME``), with every hyper-parameter
-identical across schemes except the one varied (``SIZING`` and ``RECIPE`` below). Default (about 3 h on the
-2-core development CPU; re-time with ``--measure`` and change ``SIZING`` if the machine differs):
+identical across schemes except the one varied (``SIZING`` and ``RECIPE`` below). Default (about 2 h on the idle
+2-core development CPU, 4.6 h measured while it was shared at load 7–8; re-time with ``--measure`` and change
+``SIZING.steps`` if it predicts more than 3 h):
 
     python experiments/depth_ablation.py --out experiments/results/depth_ablation
 
