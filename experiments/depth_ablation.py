@@ -114,14 +114,15 @@ class RunSpec:
 
 def grid(depths, schemes, seeds, learning_rate, warmup_off_depths) -> list[RunSpec]:
     """The default grid: every depth × scheme × seed with warm-up, plus warm-up off for ``WARMUP_OFF_SCHEMES`` at
-    ``warmup_off_depths``. Cheapest runs first, so partial results cover every scheme early.
+    ``warmup_off_depths``. Seed by seed, and within a seed the cheapest runs first, so a partial sweep (one that a
+    session's time limit cut short) already covers every depth × scheme cell with the first seeds.
 
     ``learning_rate`` is one rate shared by every scheme, or ``{scheme: rate}`` (``best_learning_rates``)."""
     rate = learning_rate.__getitem__ if isinstance(learning_rate, dict) else (lambda scheme: learning_rate)
     runs = [RunSpec(d, s, True, k, rate(s)) for d in depths for k in seeds for s in schemes]
     runs += [RunSpec(d, s, False, k, rate(s)) for d in warmup_off_depths for k in seeds for s in schemes
              if s in WARMUP_OFF_SCHEMES]
-    return sorted(runs, key=lambda r: (r.depth, r.seed, not r.warmup))
+    return sorted(runs, key=lambda r: (r.seed, r.depth, not r.warmup))
 
 
 def best_learning_rates(lr_sweep_dir: str, schemes) -> dict[str, float]:
