@@ -214,3 +214,20 @@ def test_workdir_files_go_through_epath_so_gs_urls_work(tmp_path, monkeypatch):
     assert (local_run / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert list(digests) == ["state/data"]
     assert not os.path.exists("gs:")
+
+
+def test_a_failed_async_save_is_not_ignored(tmp_path, monkeypatch):
+    """An error of the background save surfaces when the next save (or the end of the run) waits for it."""
+    import orbax.checkpoint as ocp
+    original = ocp.CheckpointManager.wait_until_finished
+    state = {"calls": 0}
+
+    def failing_wait(self):
+        original(self)
+        state["calls"] += 1
+        if state["calls"] == 2:                 # the save of step 2 finished badly; noticed before step 4's
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", failing_wait)
+    with pytest.raises(CheckpointSaveError, match="No space left on device"):
+        loop_lib.train_and_evaluate(config(), str(tmp_path / "async"))
