@@ -18,6 +18,9 @@ VARIANTS = {
     "imagenet_cait.py": ["variant=xxs24", "variant=s36", "variant=m48"],
     "finetune_deit3_small.py": ["dataset=cifar10", "dataset=imagenet2012,convention=timm"],
     "digits_layerscale.py": [None, "depth=24,branch_scaling=none,scan_layers=true"],
+    "digits_mae.py": [None, "mask_ratio=0.5,scan_layers=true"],
+    "digits_finetune.py": ["mode=full", "mode=lora,rank=8", "mode=linear_probe", "mode=scratch"],
+    "imagenet_mae.py": ["variant=B", "variant=H,epochs=1600"],
 }
 
 

@@ -25,7 +25,9 @@ def param_count(name: str) -> int:
 
 
 def test_fixture_covers_every_registered_model():
-    assert sorted(FIXTURE["counts"]) == [n for n in list_models() if n not in FIXTURE["not_in_timm"]]
+    # MAE pre-training models (mae_*: encoder + decoder) have no timm counterpart
+    assert sorted(FIXTURE["counts"]) == [n for n in list_models()
+                                         if n not in FIXTURE["not_in_timm"] and not n.startswith("mae_")]
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE["counts"]))

@@ -35,6 +35,7 @@ from layerscale_jax.convert.naming import (family, is_fused_qkv, ours_to_timm, o
                                           qkv_timm_order, timm_shape, timm_to_ours)
 from layerscale_jax.layers.lora import is_adapter_path
 from layerscale_jax.models.layout import STACKED_KEY
+from layerscale_jax.models.mae import MAEConfig
 from layerscale_jax.models.registry import create_from_config, create_model, list_models, model_config
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,17 @@ class _Source:
     shapes: dict[str, tuple[int, ...]]    # our key → the shape in the source's layout
     convention: str                       # "timm" or "ours": how to print expected names and shapes
     description: str
+    encoder_only: bool = False            # an MAE encoder: no head (nor fc_norm) to load
+
+
+def _encoder_of(src: _Source) -> _Source:
+    """The encoder of an MAE pre-training checkpoint (``models.mae``): the decoder and the mask token are dropped;
+    the classifier's head (and ``fc_norm``) keep their fresh initialisation when loaded (MAE's fine-tuning)."""
+    dropped = [k for k in src.tensors if k == "mask_token" or k.startswith("decoder_")]
+    keep = {k: v for k, v in src.tensors.items() if k not in dropped}
+    log.info("%s: an MAE checkpoint; its encoder is used (%d decoder tensors dropped)", src.description, len(dropped))
+    return _Source(keep, {k: src.names[k] for k in keep}, {k: src.shapes[k] for k in keep}, src.convention,
+                   f"the MAE encoder of {src.description}", encoder_only=True)
 
 
 def _timm_source(tensors: Mapping[str, np.ndarray], description: str) -> _Source:
@@ -198,8 +210,9 @@ def _orbax_source(path: Path) -> _Source:
     flat = {k: np.asarray(v) for k, v in flatten(restored).items()}
     if cfg.scan_layers:
         flat = _unstack(flat, cfg.depth)
-    return _Source(flat, {k: k for k in flat}, {k: tuple(v.shape) for k, v in flat.items()}, "ours",
-                   f"orbax checkpoint {str(path)!r}")
+    src = _Source(flat, {k: k for k in flat}, {k: tuple(v.shape) for k, v in flat.items()}, "ours",
+                  f"orbax checkpoint {str(path)!r}")
+    return _encoder_of(src) if isinstance(cfg, MAEConfig) else src
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -281,8 +294,9 @@ def _workdir_source(workdir: Path, step: int | None = None, ema: bool | None = N
         flat = _unstack(flat, cfg.depth)
     log.info("%s: the %s of the checkpoint at step %d", workdir, "EMA parameters" if key == "ema" else "parameters",
              step)
-    return _Source(flat, {k: k for k in flat}, {k: tuple(v.shape) for k, v in flat.items()}, "ours",
-                   f"training checkpoint {str(directory)!r} ({key})")
+    src = _Source(flat, {k: k for k in flat}, {k: tuple(v.shape) for k, v in flat.items()}, "ours",
+                  f"training checkpoint {str(directory)!r} ({key})")
+    return _encoder_of(src) if isinstance(cfg, MAEConfig) else src
 
 
 def _host_device():
@@ -368,7 +382,13 @@ def _plan(model: nnx.Module, src: _Source) -> tuple[dict[str, np.ndarray], bool]
     cfg = model.cfg
     fam = family(cfg)
     expected = _expected_params(model)
-    missing = sorted(set(expected) - set(src.tensors), key=_natural)
+    fresh: list[str] = []
+    if src.encoder_only:   # MAE encoder → classifier: a new head; with global_pool='avg' a new fc_norm, no norm
+        fresh = sorted(k for k in expected if k.split(".")[0] in ("head", "fc_norm") and k not in src.tensors)
+        if "norm.scale" not in expected:
+            src = dataclasses.replace(src, tensors={k: v for k, v in src.tensors.items()
+                                                    if k.split(".")[0] != "norm"})
+    missing = sorted(set(expected) - set(src.tensors) - set(fresh), key=_natural)
     unexpected = sorted(set(src.tensors) - set(expected), key=_natural)
 
     head_k = src.tensors.get("head.kernel")
@@ -418,7 +438,10 @@ def _plan(model: nnx.Module, src: _Source) -> tuple[dict[str, np.ndarray], bool]
     if reinit_head:
         log.warning("num_classes differs (source head %s, model %d classes): the head keeps its fresh "
                     "initialisation, everything else is loaded", tuple(head_k.shape[::-1]), cfg.num_classes)
-    return values, reinit_head
+    if fresh:
+        log.warning("%s has no %s: kept at their fresh initialisation, everything else is loaded",
+                    src.description, ", ".join(fresh))
+    return values, reinit_head or bool(fresh)
 
 
 def _assign(model: nnx.Module, values: Mapping[str, np.ndarray]) -> None:
@@ -454,8 +477,9 @@ def load_pretrained(model: nnx.Module, source) -> nnx.Module:
     src = _read_source(source)
     values, reinit_head = _plan(model, src)
     if reinit_head and _is_abstract(model):
-        raise ValueError("num_classes differs from the source's, and the model is abstract: build it with real "
-                         "parameters so that its freshly initialised head can be kept")
+        raise ValueError("the source has no usable head for this model (num_classes differs, or an MAE encoder), and "
+                         "the model is abstract: build it with real parameters so that its freshly initialised head "
+                         "can be kept")
     _assign(model, values)
     return model
 

@@ -34,6 +34,7 @@ from flax import nnx
 
 from layerscale_jax.models.cait import CaiTConfig
 from layerscale_jax.models.layout import STACKED_KEY
+from layerscale_jax.models.mae import MAEConfig
 from layerscale_jax.models.vit import ViTConfig
 
 CONVENTIONS = ("mae", "timm")
@@ -73,10 +74,19 @@ def _cait_layer_id(path: Path, cfg: CaiTConfig, convention: str) -> int | None:
     return None
 
 
+def _mae_layer_id(path: Path, cfg: MAEConfig, convention: str) -> int | None:
+    """MAE pre-training: the encoder as a ViT; the decoder (and its mask token) in the last group, with the head's
+    place (layer decay is not used in MAE pre-training; the groups exist so the optimizer is the same code)."""
+    if path[0] == "mask_token" or str(path[0]).startswith("decoder_"):
+        return cfg.depth + 1
+    return _vit_layer_id(path, cfg, convention)
+
+
 # The family rules, keyed by the architecture config type (``model.cfg``).
 LAYER_ID_RULES: dict[type, Callable[[Path, Any, str], int | None]] = {
     ViTConfig: _vit_layer_id,
     CaiTConfig: _cait_layer_id,
+    MAEConfig: _mae_layer_id,
 }
 
 

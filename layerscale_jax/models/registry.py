@@ -8,6 +8,7 @@ from typing import Any, Callable
 from flax import nnx
 
 from layerscale_jax.models.cait import CaiT, CaiTConfig
+from layerscale_jax.models.mae import MAEConfig, MaskedAutoencoder
 from layerscale_jax.models.vit import VisionTransformer, ViTConfig
 
 
@@ -64,7 +65,7 @@ def create_model(name: str, *, rngs: nnx.Rngs | None = None, **overrides) -> nnx
 
 def create_from_config(cfg, *, rngs: nnx.Rngs | None = None) -> nnx.Module:
     """Build a model from an architecture config (``model.cfg`` of another model, possibly ``replace``d)."""
-    model_cls = {ViTConfig: VisionTransformer, CaiTConfig: CaiT}[type(cfg)]
+    model_cls = {ViTConfig: VisionTransformer, CaiTConfig: CaiT, MAEConfig: MaskedAutoencoder}[type(cfg)]
     return model_cls(cfg, rngs=rngs if rngs is not None else nnx.Rngs(0))
 
 
@@ -94,3 +95,9 @@ _CAIT = {
 for _size, _img in [("xxs24", 224), ("xxs24", 384), ("xxs36", 224), ("xxs36", 384), ("xs24", 384), ("s24", 224),
                     ("s24", 384), ("s36", 384), ("m36", 384), ("m48", 448)]:
     register(f"cait_{_size}_{_img}", CaiT, CaiTConfig, patch_size=16, img_size=_img, **_CAIT[_size])
+
+# MAE pre-training (He et al. 2021) of a DeiT III encoder: MAE's decoder (512 wide, 8 blocks, 16 heads) for B/L/H.
+for _size, _patch in [("small", 16), ("base", 16), ("large", 16), ("huge", 14)]:
+    register(f"mae_deit3_{_size}_patch{_patch}_224", MaskedAutoencoder, MAEConfig, patch_size=_patch, img_size=224,
+             init_values=1e-6, decoder_embed_dim=512, decoder_depth=8, decoder_num_heads=16, mask_ratio=0.75,
+             norm_pix_loss=True, **_DEIT3[_size])

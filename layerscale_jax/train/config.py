@@ -1,6 +1,6 @@
 """The ``config.train`` and ``config.model`` sections: every field, its default and its meaning.
 
-A full experiment config (see ``configs/``) has four sections: ``model`` (registry name plus architecture
+A full experiment config (see ``configs/``) has four sections (and an optional ``lora``, see ``train.finetune``): ``model`` (registry name plus architecture
 overrides, passed to ``create_model``), ``data`` (``layerscale_jax.data.config``), ``optim``
 (``layerscale_jax.optim.default_config``) and ``train`` (below).
 
@@ -23,6 +23,9 @@ overrides, passed to ``create_model``), ``data`` (``layerscale_jax.data.config``
                       ``.safetensors`` / ``.npz`` / ``.pth`` file; its weights initialise the model.
   stop_after_steps    0, or stop (saving a checkpoint) after this many steps of this process's run, as if
                       preempted: a way to split a long job into shorter slots.
+  finetune            'full' | 'lora' | 'linear_probe': what trains (``train.finetune``); with 'lora' the optional
+                      top-level ``config.lora`` section (``layers.lora.default_config()``) sets rank, α, dropout,
+                      targets and whether the head, norms and LayerScale λ train.
 
 ``load_config(spec)`` reads a config file (``configs/X.py[:arg]``) and ``validate_experiment_config(config)``
 checks all four sections where the config enters (the command line calls both before anything else starts):
@@ -90,6 +93,7 @@ def default_train_config() -> ml_collections.ConfigDict:
         "nonfinite": "raise",
         "init_from": "",
         "stop_after_steps": 0,
+        "finetune": "full",
     })
 
 
@@ -127,6 +131,9 @@ def validate_train_config(train) -> None:
         raise ValueError(f"train.nonfinite={train.nonfinite!r} is not one of {NONFINITE_MODES}")
     if not isinstance(train.init_from, str):
         raise ValueError(f"train.init_from={train.init_from!r} must be '' or a path")
+    from layerscale_jax.train.finetune import FINETUNE_MODES
+    if train.get("finetune", "full") not in FINETUNE_MODES:
+        raise ValueError(f"train.finetune={train.get('finetune')!r} is not one of {FINETUNE_MODES}")
 
 
 def validate_model_section(model) -> None:
@@ -148,6 +155,7 @@ def validate_model_section(model) -> None:
 
 
 SECTIONS = ("model", "data", "optim", "train")
+OPTIONAL_SECTIONS = ("lora",)
 
 
 def validate_experiment_config(config) -> None:
@@ -156,7 +164,7 @@ def validate_experiment_config(config) -> None:
     from layerscale_jax.data.config import validate_data_config
     from layerscale_jax.optim.config import validate_config as validate_optim_config
 
-    _check_fields(config, SECTIONS, "")
+    _check_fields(config, SECTIONS + OPTIONAL_SECTIONS, "")
     missing = [s for s in SECTIONS if s not in config]
     if missing:
         raise ValueError(f"config lacks section(s) {missing}; a config has the sections {list(SECTIONS)}")
@@ -164,6 +172,8 @@ def validate_experiment_config(config) -> None:
     validate_data_config(config.data)
     validate_train_config(config.train)
     validate_optim_config(config.optim, total_steps=config.train.steps)
+    from layerscale_jax.train.finetune import validate as validate_finetune
+    validate_finetune(config)
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:

@@ -3,7 +3,8 @@
 The train state is a dict ``{"step", "params", "opt_state", "rng", "nonfinite_steps"[, "ema"]}``; the model is
 rebuilt inside the step from its graph definition with ``nnx.merge`` so everything stays functional.
 
-Per step, with targets ``t`` from Mixup/CutMix and label smoothing:
+Per step, with targets ``t`` from Mixup/CutMix and label smoothing (classification; MAE pre-training replaces
+``L`` by its masked-patch reconstruction loss, see ``train.tasks``):
 
     L(θ) = mean_n  −Σ_k t_nk log softmax(f_θ(x_n))_k
     g    = ∇L(θ)            (optionally averaged over micro-batches, optionally at SAM's perturbed point; with
@@ -30,11 +31,8 @@ from flax import nnx
 
 from layerscale_jax import optim
 from layerscale_jax.data import mixup_cutmix
+from layerscale_jax.train.tasks import ClassificationTask, cross_entropy  # noqa: F401 - cross_entropy re-exported
 
-
-def cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray) -> jnp.ndarray:
-    """Per-example cross-entropy against soft targets ``(batch, classes)``; float32."""
-    return -jnp.sum(targets * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
 
 
 TRAIN_RNG_STREAM = 1
@@ -54,15 +52,17 @@ def init_train_state(params: nnx.State, tx: optax.GradientTransformation, seed: 
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callable, *, optim_config,
-                    data_config, num_classes: int, trainable_mask=None) -> Callable:
-    """``train_step(state, batch) -> (state, metrics)`` with ``batch = {"image", "label"}`` (global arrays)."""
+                    data_config, num_classes: int, trainable_mask=None, task=None) -> Callable:
+    """``train_step(state, batch) -> (state, metrics)`` with ``batch = {"image", "label"}`` (global arrays).
+
+    ``task`` (``train.tasks``; default classification) gives the loss; a task without labels (MAE) skips
+    Mixup/CutMix and ignores ``label``. Metrics: ``train_loss``, ``train_<name>`` for each of the task's
+    statistics, ``grad_norm``, ``learning_rate``, ``finite``."""
+    task = task if task is not None else ClassificationTask()
 
     def loss_and_grad(params, images, targets, key):
         def loss_fn(p):
-            model = nnx.merge(graphdef, p)
-            logits = model(images, key=key)
-            loss = cross_entropy(logits, targets).mean()
-            return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == jnp.argmax(targets, -1))}
+            return task.loss(nnx.merge(graphdef, p), images, targets, key)
         return jax.value_and_grad(loss_fn, has_aux=True)(params)
 
     if optim_config.sam_rho > 0:
@@ -70,14 +70,19 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
 
         def loss_and_grad(params, images, targets, key):  # noqa: F811 - SAM wraps the plain gradient
             return optim.sam_gradients(base, params, images, targets, key, rho=optim_config.sam_rho,
-                                       adaptive=optim_config.sam_adaptive, trainable=trainable_mask)
+                                       adaptive=optim_config.sam_adaptive, eta=optim_config.sam_eta,
+                                       trainable=trainable_mask)
 
     def train_step(state: dict, batch: dict):
         step_key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
         mix_key, drop_key = jax.random.split(step_key)
-        images, targets = mixup_cutmix(mix_key, batch["image"], batch["label"], num_classes=num_classes,
-                                       mixup_alpha=data_config.mixup_alpha, cutmix_alpha=data_config.cutmix_alpha,
-                                       label_smoothing=data_config.label_smoothing)
+        if task.uses_labels:
+            images, targets = mixup_cutmix(mix_key, batch["image"], batch["label"], num_classes=num_classes,
+                                           mixup_alpha=data_config.mixup_alpha,
+                                           cutmix_alpha=data_config.cutmix_alpha,
+                                           label_smoothing=data_config.label_smoothing)
+        else:
+            images, targets = batch["image"], batch["label"]
         params = state["params"]
         if optim_config.accum_steps > 1:
             def micro(p, micro_batch, key):
@@ -103,23 +108,19 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
                                               state["ema"])
         new_state["step"] = state["step"] + 1
         new_state["nonfinite_steps"] = state["nonfinite_steps"] + (~finite).astype(jnp.int32)
-        metrics = {"train_loss": loss, "train_accuracy": aux["accuracy"], "grad_norm": grad_norm,
+        metrics = {"train_loss": loss, **{f"train_{k}": v for k, v in aux.items()}, "grad_norm": grad_norm,
                    "learning_rate": schedule(state["step"] - state["nonfinite_steps"]), "finite": finite}
         return new_state, metrics
 
     return train_step
 
 
-def make_eval_step(graphdef) -> Callable:
-    """``eval_step(params, batch) -> sums`` over a padded batch with ``mask`` (padding is not counted)."""
+def make_eval_step(graphdef, task=None) -> Callable:
+    """``eval_step(params, batch) -> sums`` over a padded batch with ``mask`` (padding is not counted); the sums
+    are the task's (``train.tasks``; default classification: ``loss_sum``, ``correct``, ``count``)."""
+    task = task if task is not None else ClassificationTask()
 
     def eval_step(params, batch: dict) -> dict[str, Any]:
-        model = nnx.merge(graphdef, params)
-        logits = model(batch["image"])
-        labels = batch["label"]
-        mask = batch["mask"].astype(jnp.float32)
-        loss = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=-1)[:, 0]
-        correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-        return {"loss_sum": jnp.sum(loss * mask), "correct": jnp.sum(correct * mask), "count": jnp.sum(mask)}
+        return task.eval_sums(nnx.merge(graphdef, params), batch)
 
     return eval_step
