@@ -179,3 +179,62 @@ def test_adapters_save_and_load_alone(tmp_path):
     lora.add_adapters(other, rank=2, alpha=4.0, targets=(r"blocks/\d+/mlp/fc1/kernel",))
     with pytest.raises(ValueError, match="adapted layers differ"):
         lora.load_adapters(other, tmp_path / "adapters")
+
+
+def _tiny_finetune_config(finetune, **lora_fields):
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "tiny_synthetic.py")
+    spec = importlib.util.spec_from_file_location("tiny_synthetic", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config("steps=4")
+    config.train.finetune = finetune
+    if lora_fields:
+        config.lora = ml_collections.ConfigDict(lora_fields)
+    return config
+
+
+def test_the_trainer_in_lora_mode_keeps_the_base_and_gives_it_no_optimizer_state():
+    from layerscale_jax import data as data_lib
+    from layerscale_jax.train import loop as loop_lib
+    from layerscale_jax.train.config import validate_experiment_config
+
+    config = _tiny_finetune_config("lora", rank=2, alpha=4.0)
+    validate_experiment_config(config)
+    mesh = shard_lib.make_mesh({"data": 2, "fsdp": 1, "tensor": 2}, jax.devices()[:4])
+    trainer = loop_lib.create_trainer(config, mesh)
+    state = trainer.init_state()
+    moments = {"/".join(str(getattr(k, "key", "")) for k in p if getattr(k, "key", None) is not None)
+               for p, leaf in jax.tree_util.tree_leaves_with_path(state["opt_state"]) if leaf.ndim > 0}
+    assert moments and all("lora_" in m or "head" in m.split("/") for m in moments), moments
+    qkv_b = state["params"]["blocks"][0]["attn"]["qkv"]["lora_b"]
+    assert tuple(qkv_b.sharding.spec) == (None, "tensor")            # B's columns split by heads, as the kernel's
+    before = jax.tree.map(np.asarray, nnx.to_pure_dict(state["params"]))
+    iterator = data_lib.make_train_iterator(config.data, global_batch_size=16, seed=0)
+    for _ in range(2):
+        state, _ = trainer.train_step(state, data_lib.to_global_batch(next(iterator), mesh, 16))
+    iterator.close()
+    after = nnx.to_pure_dict(state["params"])
+    changed = {"/".join(map(str, groups.param_path(p))) for p, old in jax.tree_util.tree_leaves_with_path(before)
+               if not np.array_equal(old, np.asarray(_at(after, p)))}
+    assert changed and all("lora_" in name or name.startswith("head/") for name in changed), changed
+
+
+def _at(tree, path):
+    for k in path:
+        tree = tree[getattr(k, "key", getattr(k, "idx", None))]
+    return tree
+
+
+def test_finetune_fields_are_checked_where_the_config_enters():
+    from layerscale_jax.train.config import validate_experiment_config
+
+    with pytest.raises(ValueError, match=r"train.finetune='lorra' is not one of"):
+        validate_experiment_config(_tiny_finetune_config("lorra"))
+    with pytest.raises(ValueError, match=r"config.lora is set but train.finetune='full'"):
+        validate_experiment_config(_tiny_finetune_config("full", rank=2))
+    with pytest.raises(ValueError, match=r"unknown config field\(s\) lora.rnak"):
+        validate_experiment_config(_tiny_finetune_config("lora", rnak=2))
+    with pytest.raises(ValueError, match=r"lora.dropout=1.5 must lie in \[0, 1\)"):
+        validate_experiment_config(_tiny_finetune_config("lora", dropout=1.5))
