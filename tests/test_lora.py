@@ -238,3 +238,19 @@ def test_finetune_fields_are_checked_where_the_config_enters():
         validate_experiment_config(_tiny_finetune_config("lora", rnak=2))
     with pytest.raises(ValueError, match=r"lora.dropout=1.5 must lie in \[0, 1\)"):
         validate_experiment_config(_tiny_finetune_config("lora", dropout=1.5))
+
+
+def test_merged_adapters_export_to_timm_through_the_heads_major_qkv_layout():
+    from layerscale_jax.convert import from_timm, to_timm
+
+    model = tiny()
+    lora.add_adapters(model, rank=2, alpha=4.0)
+    randomise_b(model)
+    model.eval()
+    expected = model(images())
+    with pytest.raises(ValueError, match="not merged"):
+        to_timm(model)
+    state_dict = to_timm(lora.merge(model))          # timm's [q | k | v] column order
+    plain = from_timm("deit3_small_patch16_224", state_dict, **ARCH)
+    plain.eval()
+    np.testing.assert_allclose(plain(images()), expected, atol=2e-5)
