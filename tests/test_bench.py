@@ -90,3 +90,15 @@ def test_report_renders_the_measured_ratios_into_the_table():
                     "machine": {"cpu": "test cpu"}})
     assert "| DeiT III-S/16 train step, float32, batch 16 | 3.00 img/s | 4.00 img/s | **0.75×** (paired 0.80×)" in table
     assert "overhead **+1.0%** (XLA bytes accessed +2.0%)" in table and "test cpu" in table
+
+
+def test_optimizer_entry_times_the_trainer_optimizer_against_plain_adamw_and_reports_the_ratio():
+    from layerscale_jax.bench import trainer
+    from layerscale_jax.bench.suite import report
+    r = trainer.bench_optimizer(depths=(2,), layouts=("scan",), layer_decays=(0.75,), repeats=1, min_repeat_s=0.0)
+    (row,) = r["rows"]
+    assert row["depth"] == 2 and row["layout"] == "scan" and row["leaves"] > 0
+    assert row["ours_s"] > 0 and row["plain_s"] > 0 and row["ratio"] == row["ours_s"] / row["plain_s"]
+    assert row["state_nodes"] > 2 * row["leaves"] and row["stablehlo_ops"] > 0
+    table = report({"entries": {"optimizer": r}, "machine": {"cpu": "test cpu"}})
+    assert f"scan, layer decay 0.75, depth 2 | {row['ours_s'] * 1e3:.1f}/{row['plain_s'] * 1e3:.1f} ms" in table
