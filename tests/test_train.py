@@ -79,7 +79,12 @@ def test_run_writes_metrics_tensorboard_and_results(reference_run):
     for key in ("train_loss", "learning_rate", "grad_norm", "img_per_s"):
         assert all(np.isfinite(r[key]) for r in records if "train_loss" in r), key
     eval_record = [r for r in records if "test_accuracy" in r][-1]
-    assert "layerscale/blocks.0.ls1" in eval_record and "layerscale/blocks.1.ls2" in eval_record
+    params = final_params(workdir)                 # the evaluated step's parameters, from its checkpoint
+    for layer, branch, scale in ((0, "attn", "ls1"), (1, "mlp", "ls2")):
+        gamma = np.asarray(params["blocks"][layer][scale]["gamma"])
+        assert eval_record[f"diag/blocks.{layer}.{branch}.scale"] == pytest.approx(np.abs(gamma).mean(), rel=1e-6)
+        assert eval_record[f"diag/blocks.{layer}.{branch}.ratio"] > 0
+        assert eval_record[f"diag/blocks.{layer}.grad_norm"] > 0
     assert glob.glob(os.path.join(workdir, "tensorboard", "events.out.tfevents.*"))
     with open(os.path.join(workdir, "results.json")) as f:
         saved = json.load(f)

@@ -8,6 +8,7 @@ loop (metrics, evaluation, checkpoints, preemption) → results.json.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import signal
@@ -15,11 +16,8 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from layerscale_jax import data as data_lib
 from layerscale_jax import optim
@@ -31,7 +29,8 @@ from layerscale_jax.train import tasks as tasks_lib
 from layerscale_jax.train import workdir as workdir_lib
 from layerscale_jax.train.checkpoint import Checkpointer, as_path, broadcast_from_primary, to_jsonable
 from layerscale_jax.train.config import model_overrides, validate_experiment_config, validate_train_config
-from layerscale_jax.train.metrics import MetricsWriter, layerscale_statistics
+from layerscale_jax.train.diagnostics import branch_diagnostics, to_floats
+from layerscale_jax.train.metrics import MetricsWriter
 from layerscale_jax.train.step import init_train_state, make_eval_step, make_train_step
 
 log = logging.getLogger(__name__)
@@ -168,6 +167,7 @@ class Trainer:
     task: Any = None              # train.tasks: classification or MAE
     graphdef_eval: Any = None
     optim_config: Any = None      # config.optim with the fine-tuning mode's frozen parameters
+    diagnostics: Callable | None = None   # jitted (params, batch) → train.diagnostics (classification), replicated
 
     def init_state(self) -> dict:
         """The initial train state, created already sharded; ``train.init_from`` weights replace the random ones."""
@@ -218,9 +218,15 @@ def create_trainer(config, mesh) -> Trainer:
                                                            tc.sharding_rules),
                         in_shardings=(param_sharding, eval_batch_sharding),
                         out_shardings=shard_lib.replicated(mesh))
+    diagnostics = None
+    if task.uses_labels:
+        diagnostics = jax.jit(
+            shard_lib.with_activation_sharding(functools.partial(branch_diagnostics, graphdef_train), mesh,
+                                               tc.sharding_rules),
+            in_shardings=(param_sharding, batch_sharding), out_shardings=shard_lib.replicated(mesh))
     return Trainer(config, mesh, info, make_model, abstract_model, graphdef_train, bundle, param_sharding, shardings,
                    abstract_sharded, init_fn, train_step, eval_step, task=task, graphdef_eval=graphdef_eval,
-                   optim_config=optim_config)
+                   optim_config=optim_config, diagnostics=diagnostics)
 
 
 def describe_architecture(config, n_params: int) -> dict:
@@ -249,7 +255,6 @@ def train_and_evaluate(config, workdir, devices=None) -> dict:
     without training; a workdir of a different config is refused (``workdir.WorkdirError``).
     """
     validate_experiment_config(config)
-    tc = config.train
     workdir = as_path(workdir)
     is_primary = jax.process_index() == 0
     lock = workdir_lib.WorkdirLock(workdir)
@@ -328,6 +333,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                                               rows=process_batch_rows(mesh, tc.batch_size))
     if data_state is not None:
         train_iter.set_state(data_state)
+    diagnostics_batch = _diagnostics_batch(config, mesh) if trainer.diagnostics is not None else None
 
     writer = MetricsWriter(workdir, tc.steps)
     last_saved = [start_step if restored is not None else None]
@@ -377,7 +383,9 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                     eval_params = state["ema"] if use_ema else state["params"]
                     eval_results = evaluate(eval_step, eval_params, config, mesh, trainer.task)
                     trainer.task.after_evaluation(trainer, eval_params, step, workdir)
-                    eval_scalars = {**eval_results, **layerscale_statistics(state["params"])}
+                    eval_scalars = dict(eval_results)
+                    if trainer.diagnostics is not None:
+                        eval_scalars.update(to_floats(trainer.diagnostics(state["params"], diagnostics_batch)))
                     writer.write(step, eval_scalars)
                     writer.progress(step, eval_results)
                 if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.steps:
@@ -412,6 +420,15 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
               f"TensorBoard: tensorboard --logdir {writer.tb_dir}\nresults: {results_path}",
               flush=True)
     return results
+
+
+def _diagnostics_batch(config, mesh) -> dict:
+    """The batch the per-block diagnostics are measured on at every evaluation: the first train batch of the seed,
+    before augmentation by Mixup/CutMix, the same one after a resume."""
+    tc = config.train
+    with data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed,
+                                      rows=process_batch_rows(mesh, tc.batch_size)) as iterator:
+        return data_lib.to_global_batch(next(iterator), mesh, tc.batch_size)
 
 
 def _host_window(pending: list) -> list[dict]:
