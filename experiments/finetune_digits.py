@@ -13,8 +13,8 @@ ImageNet-scale fine-tuning is limited. Steps:
 
 Writes ``experiments/results/finetune/``: ``results.json`` (every run: test accuracy, trainable and total
 parameters, seconds), ``table.md`` (mean ± std over seeds), ``reconstructions.png`` (the MAE run's last
-evaluation) and keeps the workdirs in ``runs/`` (git-ignored). Each run is a training workdir, so an interrupted
-study continues where it stopped.
+evaluation); the training workdirs (checkpoints) go to ``runs/finetune_digits/`` (git-ignored). Each run is a
+training workdir, so an interrupted study continues where it stopped and a finished one is read back.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from layerscale_jax.train.config import load_config  # noqa: E402
 from layerscale_jax.train.loop import build_model_fns, train_and_evaluate  # noqa: E402
 
 OUT = os.path.join(ROOT, "experiments", "results", "finetune")
+RUNS = os.path.join(ROOT, "runs", "finetune_digits")
 VARIANTS = (   # name, config argument, pre-trained
     ("full, layer decay 0.75", "mode=full,layer_decay=0.75", True),
     ("full, no layer decay", "mode=full,layer_decay=1.0", True),
@@ -65,8 +66,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600, help="fine-tuning steps (every variant)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default=OUT)
+    parser.add_argument("--runs_dir", default=RUNS, help="training workdirs (checkpoints: large, git-ignored)")
     args = parser.parse_args()
-    runs_dir = os.path.join(args.out, "runs")
+    runs_dir = args.runs_dir
     os.makedirs(runs_dir, exist_ok=True)
 
     mae_dir = os.path.join(runs_dir, "mae")
