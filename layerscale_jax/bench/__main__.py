@@ -1,21 +1,4 @@
-"""``python -m layerscale_jax.bench SUBCOMMAND ...`` — see ``python -m layerscale_jax.bench -h``.
-
-Subcommands:
-  train_step   one training step: img/s, step time, FLOPs, FLOP/s, MFU, peak memory, compile time [vs timm];
-               with --config configs/X.py[:ARGS], the trainer's own step vs the model-only step
-  optimizer    the trainer's optimizer update vs plain AdamW + clipping, against depth (both layouts)
-  profile      where the train step's time goes, per XLA operation (from jax.profiler's trace)
-  matmul       the matmul peak (the MFU denominator) of this device, float32 and bfloat16
-  depth        compile time and step time against depth, with and without scan
-  memory       peak memory against depth for each remat policy (a fresh subprocess per configuration)
-  layerscale   LayerScale against ``none`` at equal shapes
-  ablation     the depth-ablation model (8×8×1 digits, width 64, depth 6 and 24, batch 128) vs timm
-  seeds        several seeds in one vmapped step against the same seeds one after another
-  pipeline     the digits input pipeline against the ablation train step
-  xla_options  the train step compiled under XLA CPU compiler options, timed interleaved
-  page_faults  the train step with and without glibc's huge-page malloc (layerscale_jax/runtime.py)
-  all          the whole CPU suite → benchmarks/results/<machine>_<date>.json
-"""
+"""``python -m layerscale_jax.bench SUBCOMMAND ...`` — see ``python -m layerscale_jax.bench -h``."""
 from __future__ import annotations
 
 import sys

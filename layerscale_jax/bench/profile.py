@@ -76,14 +76,3 @@ def profile_step(spec: StepSpec, steps: int = 3, top: int = 25) -> dict:
             "by_op": [{"kind": k, "shape": s, "op_name": o, "count": count[(k, s, o)], "ms_per_step": v}
                       for (k, s, o), v in ops.most_common(top)]}
 
-
-def print_profile(r: dict) -> None:
-    print(f"{r['spec']['model']} batch {r['spec']['batch']} {r['spec']['dtype']}: "
-          f"{r['timed_ops_ms_per_step']:.1f} ms per step in timed XLA operations")
-    print("by kind:")
-    for row in r["by_kind"]:
-        print(f"  {row['ms_per_step']:9.1f} ms  {row['kind']}")
-    print("by operation (kind, shape, op_name, count per step):")
-    for row in r["by_op"]:
-        print(f"  {row['ms_per_step']:9.1f} ms  x{row['count']:<3d} {row['kind']:<26} {row['shape']:<22} "
-              f"{row['op_name'][-70:]}")

@@ -22,7 +22,6 @@ the rest of ``layerscale_jax.bench`` still runs on a bare jax/flax/optax machine
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 import jax
@@ -31,6 +30,7 @@ import optax
 from flax import nnx
 
 from layerscale_jax.bench import timing
+from layerscale_jax.bench.step import CompiledStep, StepSpec
 
 DEFAULT_CONFIG = "configs/digits_layerscale.py"
 DEFAULT_DEPTHS = (12, 24, 48, 96)
@@ -38,11 +38,6 @@ LAYOUTS = ("unrolled", "scan")
 LAYER_DECAYS = (0.75, 1.0)
 TARGET_OPTIMIZER_RATIO = 1.2     # ours / plain AdamW update
 TARGET_TRAINER_RATIO = 1.15      # trainer step / model-only step
-
-
-def _paired_ratio(a: dict, b: dict) -> float:
-    """Median over back-to-back repeat pairs of ``a``'s time over ``b``'s."""
-    return float(statistics.median(x / y for x, y in zip(a["times_s"], b["times_s"])))
 
 
 def plain_adamw(optim_config, total_steps: int) -> optax.GradientTransformation:
@@ -93,12 +88,12 @@ def compare_updates(bundle_tx, reference_tx, abstract_params, *, repeats: int = 
     ``abstract_params`` (a pure dict of ``ShapeDtypeStruct``s), interleaved."""
     params, grads = _random_like(abstract_params, 0, 0.02), _random_like(abstract_params, 1, 1e-3)
     ours, plain = CompiledUpdate(bundle_tx, params, grads), CompiledUpdate(reference_tx, params, grads)
-    stats = timing.measure_interleaved({"ours": ours.run, "plain": plain.run}, warmup=1, repeats=repeats,
+    stats = timing.measure({"ours": ours.run, "plain": plain.run}, warmup=1, repeats=repeats,
                                        min_repeat_s=min_repeat_s)
     return {"leaves": len(jax.tree.leaves(abstract_params)),
             "ours_s": stats["ours"]["median_s"], "plain_s": stats["plain"]["median_s"],
             "ratio": stats["ours"]["median_s"] / stats["plain"]["median_s"],
-            "ratio_paired": _paired_ratio(stats["ours"], stats["plain"]),
+            "ratio_paired": timing.paired_ratio(stats["ours"], stats["plain"]),
             "state_nodes": ours.state_nodes, "plain_state_nodes": plain.state_nodes,
             "stablehlo_ops": ours.stablehlo_ops, "plain_stablehlo_ops": plain.stablehlo_ops,
             "compile_s": ours.compile_s, "plain_compile_s": plain.compile_s,
@@ -151,27 +146,10 @@ def bench_optimizer(config_spec: str = DEFAULT_CONFIG, depths=DEFAULT_DEPTHS, la
             "growth_hi_over_lo": growth, "machine": timing.machine_info()}
 
 
-def print_optimizer(r: dict) -> None:
-    print(f"optimizer update vs optax.chain(clip_by_global_norm, adamw) — {r['config']}")
-    print(f"{'layout':>9} {'depth':>5} {'decay':>6} {'leaves':>6} {'ours ms':>9} {'plain ms':>9} {'ratio':>6} "
-          f"{'paired':>6} {'state nodes':>12} {'HLO ops':>8} {'compile s':>9}")
-    for row in r["rows"]:
-        print(f"{row['layout']:>9} {row['depth']:>5} {row['layer_decay']:>6g} {row['leaves']:>6} "
-              f"{row['ours_s'] * 1e3:>9.2f} {row['plain_s'] * 1e3:>9.2f} {row['ratio']:>6.2f} "
-              f"{row['ratio_paired']:>6.2f} {row['state_nodes']:>5}/{row['plain_state_nodes']:<6} "
-              f"{row['stablehlo_ops']:>8} {row['compile_s']:>9.1f}")
-    for name, g in r["growth_hi_over_lo"].items():
-        print(f"{name}: depth {g['depths'][1]} / {g['depths'][0]}: time {g['time']:.2f}x, leaves {g['leaves']:.2f}x, "
-              f"state nodes {g['state_nodes']:.2f}x")
-    print(f"worst ratio {r['worst_ratio']:.2f} (target ≤ {r['target_ratio']}: "
-          f"{'met' if r['target_met'] else 'NOT met'}); load average {timing.load_average()}")
-
-
 def measure_trainer_step(config_spec: str, *, repeats: int = 5, min_repeat_s: float = 0.5) -> dict:
     """The trainer's jitted step against the model-only step (``bench.step``) of the same model and batch, and
     the trainer's optimizer update against plain AdamW, interleaved in one process."""
     from layerscale_jax import data as data_lib
-    from layerscale_jax.bench.step import CompiledStep, StepSpec
     from layerscale_jax.data.sharding import process_batch_rows
     from layerscale_jax.train import sharding as shard_lib
     from layerscale_jax.train.config import load_config, model_overrides
@@ -202,7 +180,7 @@ def measure_trainer_step(config_spec: str, *, repeats: int = 5, min_repeat_s: fl
     spec = StepSpec(model=config.model.name, batch=tc.batch_size, dtype=dtype, scan=scan, remat=remat,
                     overrides=overrides, seed=tc.seed)
     model_only = CompiledStep(spec)
-    stats = timing.measure_interleaved({"trainer": run_trainer, "model_only": model_only.run}, warmup=1,
+    stats = timing.measure({"trainer": run_trainer, "model_only": model_only.run}, warmup=1,
                                        repeats=repeats, min_repeat_s=min_repeat_s)
     abstract = nnx.to_pure_dict(nnx.state(trainer.abstract_model, nnx.Param))
     update = compare_updates(trainer.bundle.tx, plain_adamw(config.optim, tc.steps), abstract, repeats=repeats)
@@ -215,7 +193,7 @@ def measure_trainer_step(config_spec: str, *, repeats: int = 5, min_repeat_s: fl
             "num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract))),
             "trainer_step_s": t, "model_only_step_s": m, "trainer_img_per_s": tc.batch_size / t,
             "trainer_over_model_only": ratio,
-            "trainer_over_model_only_paired": _paired_ratio(stats["trainer"], stats["model_only"]),
+            "trainer_over_model_only_paired": timing.paired_ratio(stats["trainer"], stats["model_only"]),
             "target_trainer_ratio": TARGET_TRAINER_RATIO, "trainer_target_met": ratio <= TARGET_TRAINER_RATIO,
             "optimizer_update": {k: v for k, v in update.items() if k != "times"},
             "optimizer_target_met": update["ratio"] <= TARGET_OPTIMIZER_RATIO,
@@ -223,17 +201,3 @@ def measure_trainer_step(config_spec: str, *, repeats: int = 5, min_repeat_s: fl
             "final_train_loss": float(metrics["train_loss"]),
             "times": stats, "machine": timing.machine_info()}
 
-
-def print_trainer_step(r: dict) -> None:
-    u = r["optimizer_update"]
-    print(f"{r['config']}: {r['model']} depth {r['depth']} scan={r['scan']} batch {r['batch']} {r['dtype']}, "
-          f"{r['optimizer']} layer decay {r['layer_decay']:g} ({r['num_params']:,} params)")
-    print(f"  trainer step      {r['trainer_step_s'] * 1e3:9.2f} ms  ({r['trainer_img_per_s']:.1f} img/s; compile "
-          f"{r['trainer_compile_s']:.1f} s)")
-    print(f"  model-only step   {r['model_only_step_s'] * 1e3:9.2f} ms  (bench.step: same model and batch, "
-          f"optax.adamw)")
-    print(f"  trainer / model   {r['trainer_over_model_only']:9.2f}x  (paired {r['trainer_over_model_only_paired']:.2f}x;"
-          f" target ≤ {r['target_trainer_ratio']})")
-    print(f"  optimizer update  {u['ours_s'] * 1e3:9.2f} ms vs plain AdamW + clipping {u['plain_s'] * 1e3:.2f} ms = "
-          f"{u['ratio']:.2f}x (paired {u['ratio_paired']:.2f}x; target ≤ {TARGET_OPTIMIZER_RATIO})")
-    print(f"  load average      {timing.load_average()}")
