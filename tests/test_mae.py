@@ -122,3 +122,31 @@ def test_init_from_another_architecture_lists_every_mismatched_parameter(tmp_pat
     assert "nothing was loaded" in message and "shape mismatch" in message
     assert "'blocks.1.attn.qkv.kernel': expected shape (32, 96), found (16, 48)" in message
     assert "hint: the source has embed_dim=16, the model embed_dim=32" in message
+
+
+def test_mae_pretraining_runs_in_the_train_loop_on_a_sharded_mesh(tmp_path):
+    """Masking, the encoder on visible patches and the loss under data parallelism; the evaluation writes the
+    reconstruction PNG and the results carry the reconstruction loss."""
+    import json
+
+    import ml_collections
+
+    from layerscale_jax.data.config import default_data_config
+    from layerscale_jax.optim import default_config
+    from layerscale_jax.train.config import default_train_config, model_section
+    from layerscale_jax.train.loop import train_and_evaluate
+
+    config = ml_collections.ConfigDict()
+    config.model = model_section("mae_deit3_small_patch16_224", **{**ENCODER, "in_chans": 3, "num_classes": 4},
+                                 **DECODER)
+    config.data = default_data_config("synthetic")
+    config.data.update(image_size=8, num_classes=4, num_train=64, num_test=16, prefetch=0)
+    config.optim = default_config()
+    config.optim.freeze = ("pos_embed", "decoder_pos_embed")
+    config.train = default_train_config()
+    config.train.update(steps=2, batch_size=16, eval_batch_size=16, log_every=1, checkpoint_every=0)
+    config.train.mesh.data = 4
+    results = train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:4])
+    assert np.isfinite(results["test_loss"]) and "test_accuracy" not in results
+    assert (tmp_path / "reconstructions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "results.json").read_text())["test_examples"] == 16

@@ -81,9 +81,10 @@ def num_kept(num_patches: int, mask_ratio: float) -> int:
 
 
 def sincos_pos_embed_2d(dim: int, grid: int, cls_token: bool = False) -> np.ndarray:
-    """MAE's ``get_2d_sincos_pos_embed``: half the channels encode the row... as MAE, ``(grid², dim)`` (a zero row
-    first with ``cls_token``): ``[sin(p ω), cos(p ω)]`` with ``ω_k = 10000^(−k/(d/4))`` for p the column (first
-    half of the channels, MAE's ``grid[0]`` from ``meshgrid(w, h)``) and the row (second half)."""
+    """MAE's fixed ``get_2d_sincos_pos_embed``, ``(grid², dim)`` in row-major patch order (a zero row first with
+    ``cls_token``). Each half of the channels is a 1-D table ``[sin(p ω_k), cos(p ω_k)]``, ``ω_k = 10000^(−k/(d/4))``,
+    ``k < d/4``: the first half for the patch's column ``p`` (MAE's ``grid[0]`` of ``meshgrid(w, h)``), the second
+    for its row."""
     if dim % 4:
         raise ValueError(f"a 2-D sin-cos position embedding needs a width divisible by 4, got {dim}")
 
