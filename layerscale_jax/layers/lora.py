@@ -115,7 +115,7 @@ def _targets(targets) -> tuple[str, ...]:
 def dropout_rng(key: jax.Array | None):
     """Within this context (a block's forward pass in train mode), adapters draw their dropout masks from ``key``
     (folded with each adapter's site id). ``key=None`` (evaluation): no dropout."""
-    token = _DROPOUT_KEY.set(None if key is None else jax.random.fold_in(key, _DROPOUT_STREAM))
+    token = _DROPOUT_KEY.set(key)              # folded only where an adapter with dropout uses it
     try:
         yield
     finally:
@@ -136,7 +136,8 @@ class LoRALinear(nnx.Linear):
         dtype = self.dtype if self.dtype is not None else x.dtype
         key = _DROPOUT_KEY.get()
         if key is not None and self.lora_dropout > 0:
-            keep = jax.random.bernoulli(jax.random.fold_in(key, self.lora_site), 1.0 - self.lora_dropout, x.shape)
+            key = jax.random.fold_in(jax.random.fold_in(key, _DROPOUT_STREAM), self.lora_site)
+            keep = jax.random.bernoulli(key, 1.0 - self.lora_dropout, x.shape)
             x = jnp.where(keep, x / (1.0 - self.lora_dropout), 0.0).astype(x.dtype)
         b = self.lora_b[...].astype(jnp.float32) * self.lora_scale
         if out_scale is not None:
