@@ -58,7 +58,7 @@ ENTRIES: dict[str, Entry] = {}
 
 
 def entry(name: str, help: str, *flags, args=(), spec=None, tables=None, fields=(), hidden=False):
-    """Register ``fn`` as the entry ``name``; its flags are ``flags`` and ``args``, ``(flag, argparse kwargs)`` pairs."""
+    """Register ``fn`` as entry ``name``; ``flags`` and ``args`` are ``(flag, argparse kwargs)`` pairs."""
     def register(fn):
         ENTRIES[name] = Entry(fn, help, flags + tuple(args), spec or {}, tables or {}, fields, hidden)
         return fn
@@ -71,8 +71,8 @@ def call(name: str, options: dict):
     params = inspect.signature(e.run).parameters
     kwargs = {k: v for k, v in options.items() if k in params}
     if e.spec:
-        kwargs["spec"] = StepSpec(**{k: options[k] for k in ("model", "batch", "dtype", "scan", "remat") if k in options},
-                                  overrides=parse_overrides(options.get("set")))
+        fields = {k: options[k] for k in ("model", "batch", "dtype", "scan", "remat") if k in options}
+        kwargs["spec"] = StepSpec(**fields, overrides=parse_overrides(options.get("set")))
     return e.run(**kwargs)
 
 
@@ -340,7 +340,8 @@ def bench_memory(depths=DEFAULT_DEPTHS, policies=None, batch: int = 32, timeout:
     for depth in depths:
         for policy in policies or remat_policies():
             spec = StepSpec(batch=batch, scan=True, remat=policy, overrides=dict(MEMORY_SHAPE, depth=depth))
-            rows.append({**run_fresh(["_memory_probe", *spec_flags(spec), "--json"], timeout), "depth": depth, "remat": policy})
+            probe = run_fresh(["_memory_probe", *spec_flags(spec), "--json"], timeout)
+            rows.append({**probe, "depth": depth, "remat": policy})
     out = {"benchmark": "memory", "shape": dict(MEMORY_SHAPE, batch=batch, scan=True), "rows": rows,
            "method": "one fresh subprocess per configuration; xla_peak_bytes = argument + output - aliased + "
                      "temporary bytes from compiled.memory_analysis() (XLA's buffer assignment, deterministic); "
