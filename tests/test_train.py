@@ -3,7 +3,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -262,24 +261,7 @@ def test_nonfinite_skip_mode_skips_updates_and_counts_them(tmp_path):
     assert results["steps"] == STEPS
 
 
-# -- multi-process -----------------------------------------------------------------------------------------------
-
-def test_two_processes_match_one_process(reference_run, tmp_path):
-    ref_dir, _ = reference_run
-    workdir = str(tmp_path / "multiprocess")
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    procs = [subprocess.Popen(cli(workdir, f"--coordinator_address=localhost:{port}", "--num_processes=2",
-                                  f"--process_id={i}"),
-                              env=subprocess_env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outputs
-    assert "2 processes" in outputs[0]
-    multi, single = train_losses(workdir), train_losses(ref_dir)
-    np.testing.assert_allclose([multi[s] for s in range(1, STEPS + 1)], [single[s] for s in range(1, STEPS + 1)],
-                               atol=1e-5)
+# -- multi-process: tests/test_multihost.py ---------------------------------------------------------------------
 
 
 # -- starting from converted weights ------------------------------------------------------------------------------
