@@ -113,7 +113,7 @@ def main() -> None:
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(f"Command: `{command}`\n\nMAE pre-training ({args.mae_steps} steps, seed 0): test masked-patch "
                 f"reconstruction loss (normalised pixels) {mae['test_loss']:.4f}.\n"
-                f"Fine-tuning: {args.steps} steps of batch 64 for every variant; test accuracy on the 360 test "
+                f"Fine-tuning: {args.steps} steps of batch 64 for every variant; test accuracy on the 355 test "
                 f"images; std over seeds (ddof 1).\n\n{table}\n")
     print(table)
 
