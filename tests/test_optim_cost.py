@@ -13,9 +13,7 @@ optimizer``.
 import functools
 
 import jax
-import jax.numpy as jnp
 import optax
-import pytest
 from flax import nnx
 
 from layerscale_jax import create_model, optim

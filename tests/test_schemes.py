@@ -16,7 +16,7 @@ from layerscale_jax import optim
 from layerscale_jax.layers import Block
 from layerscale_jax.layers.attention import TalkingHeadsAttention
 from layerscale_jax.models import create_model
-from test_layers import (DIM, HEADS, apply, np_dense, np_layer_norm, np_mlp, np_self_attention, param_paths,
+from test_layers import (DIM, HEADS, apply, np_layer_norm, np_mlp, np_self_attention, param_paths,
                          randomize, tokens)
 
 
