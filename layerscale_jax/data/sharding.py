@@ -41,14 +41,17 @@ def to_global_batch(batch, mesh, global_batch_size=None, batch_axes=BATCH_AXES):
     ``global_batch_size`` defaults to the local size × the process count (each process its own slice).
     """
     sharding = batch_sharding(mesh, batch_axes)
+    local_rows = {x.shape[0] for x in jax.tree.leaves(batch)}
+    if len(local_rows) != 1:
+        raise ValueError(f"the arrays of a batch disagree on the number of rows: {sorted(local_rows)}")
+    (local,) = local_rows
+    size = global_batch_size if global_batch_size is not None else local * jax.process_count()
+    lo, hi = process_batch_rows(mesh, size, batch_axes)      # once per batch, not per array
+    if local != hi - lo:
+        raise ValueError(f"this process holds rows [{lo}, {hi}) of the global batch of {size} on mesh "
+                         f"{dict(mesh.shape)}, but its local batch has {local} rows")
 
     def put(x):
-        size = global_batch_size if global_batch_size is not None else x.shape[0] * jax.process_count()
-        lo, hi = process_batch_rows(mesh, size, batch_axes)
-        if x.shape[0] != hi - lo:
-            raise ValueError(f"this process holds rows [{lo}, {hi}) of the global batch of {size} on mesh "
-                             f"{dict(mesh.shape)}, but its local batch has {x.shape[0]} rows")
-
         def shard(index):
             start, stop = index[0].indices(size)[:2]
             return x[start - lo:stop - lo]
