@@ -126,3 +126,16 @@ def test_sigterm_to_one_process_stops_both_at_one_step_then_one_process_resumes(
     want = losses(fresh)
     assert sorted(got) == sorted(want) == list(range(2, stopped[0] + 3, 2))
     np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)], atol=1e-5)
+
+
+def test_a_failing_process_ends_the_job(tmp_path):
+    """Process 1 cannot write its data state at the first checkpoint (a directory stands in the file's place); it
+    reports that and exits at once, and process 0 stops as well instead of waiting in a collective."""
+    workdir = tmp_path / "fail"
+    (workdir / "checkpoints" / "meta" / "4" / "data_process_1.json").mkdir(parents=True)
+    start = time.monotonic()
+    procs = launch(str(workdir), *flags({"data": 2, "fsdp": 2}))
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode != 0 for p in procs] == [True, True], "\n\n".join(outputs)
+    assert "error: saving the checkpoint of step 4" in outputs[1] and "data_process_1.json" in outputs[1]
+    assert time.monotonic() - start < 200

@@ -2,7 +2,9 @@
 
 Multi-host jobs (TPU pods, GPU clusters): pass ``--coordinator_address host:port --num_processes N
 --process_id I`` (or ``--distributed`` to let ``jax.distributed.initialize`` read the cluster environment:
-SLURM, Open MPI, Kubernetes, Cloud TPU). Every process runs the same command.
+SLURM, Open MPI, Kubernetes, Cloud TPU). Every process runs the same command. A process of such a job that fails
+exits at once, without the distributed runtime's shutdown barrier: its peers' next collective then fails too, instead
+of every process waiting for the others until a timeout.
 
 A mistake in the command line or the config is reported in one line (``error: ...``, exit status 2) before JAX
 starts: an unknown field names the closest valid ones, a bad value names the field and the value. ``--debug`` (or
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 
 from layerscale_jax.runtime import reexec_with_huge_page_malloc
 
@@ -167,5 +170,26 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def run_job(argv: list[str] | None = None) -> int:
+    """``run_cli(main)``; a failed process of a multi-process job leaves with ``os._exit`` (see the docstring)."""
+    try:
+        status = run_cli(main, argv)
+    except BaseException:
+        if not _is_multiprocess():
+            raise
+        traceback.print_exc()
+        status = 1
+    if status != 0 and _is_multiprocess():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
+
+
+def _is_multiprocess() -> bool:
+    jax = sys.modules.get("jax")
+    return jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1
+
+
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(run_job())

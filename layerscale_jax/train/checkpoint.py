@@ -149,7 +149,8 @@ class Checkpointer:
 
     def _seal_finished(self) -> None:
         """Process 0: checksums for every finalised step that has none yet; side files of deleted steps removed.
-        Called only when no save is in flight."""
+        Called only when no save is in flight. Only side files of steps older than the newest finalised one are
+        removed: the other processes may already be writing theirs for the next step."""
         self.manager.reload()
         steps = set(self.manager.all_steps())
         if steps:
@@ -163,7 +164,7 @@ class Checkpointer:
         meta_root = self.directory / "meta"
         if meta_root.exists():
             for child in meta_root.iterdir():
-                if child.name.isdigit() and int(child.name) not in steps:
+                if child.name.isdigit() and int(child.name) not in steps and int(child.name) < max(steps, default=-1):
                     child.rmtree()
 
     def _verify(self, step: int) -> str | None:
@@ -191,6 +192,7 @@ class Checkpointer:
                 self._meta(step).rename(target / "meta")
         log.warning("checkpoint at step %d is corrupt (%s); moved to %s", step, reason,
                     self.directory / "quarantine" / str(step))
+        _all_processes_ok(True)                     # the move is done before any process reloads the step list
         self.manager.reload()
 
     # -- save / restore -----------------------------------------------------------------------------------------
@@ -203,6 +205,7 @@ class Checkpointer:
             self._seal_finished()
             self._write_json(self._data_state_path(step, jax.process_index()), data_state)
             if jax.process_index() == 0:
+                (self._meta(step) / "checksums.json").unlink(missing_ok=True)   # left by an earlier attempt
                 self._write_json(self._meta(step) / "window.json", window or [])
             self.manager.save(
                 step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config_json)),
