@@ -1,5 +1,5 @@
-"""Smoke tests of the benchmark suite: the step runs at a toy size and reports its numbers; the FLOP counts agree;
-the bench modules import one way (no cycle) and without the data or training stack."""
+"""Smoke tests of the benchmark suite at toy sizes: the step, the timm and big_vision sides, the FLOP counts, the
+fresh-process probe, the printer and the README table; the bench modules import one way and need no data stack."""
 import ast
 import json
 import subprocess
@@ -8,16 +8,26 @@ from pathlib import Path
 
 import pytest
 
-from layerscale_jax.bench import cli
+from layerscale_jax.bench import cli, flops, peer
 from layerscale_jax.bench.step import CompiledStep, StepSpec, measure_train_step
+from layerscale_jax.models import model_config
 
 TOY = dict(img_size=16, patch_size=4, depth=2, embed_dim=64, num_heads=2, num_classes=10)
+TOY_FLAGS = [a for k, v in TOY.items() for a in ("--set", f"{k}={v}")]
 PEAK = {"flop_per_s": 1e11}  # a stand-in matmul peak: the smoke tests do not measure one
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "layerscale_jax" / "bench"
+
+
+def no_torch(monkeypatch):
+    import importlib.util
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name in ("torch", "timm") else real_find_spec(name, *a, **k))
 
 
 def test_train_step_at_a_toy_size_reports_the_json_keys(capsys):
-    cli.main(["train_step", "--batch", "4", "--repeats", "1", "--min-repeat-s", "0", "--json",
-              *[a for k, v in TOY.items() for a in ("--set", f"{k}={v}")]])
+    cli.main(["train_step", "--batch", "4", "--repeats", "1", "--min-repeat-s", "0", "--json", *TOY_FLAGS])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("img_per_s", "step_time_s", "flops_per_step", "mfu", "compile_s", "peak_memory_bytes"):
         assert result[key] is not None and result[key] > 0, key
@@ -25,23 +35,74 @@ def test_train_step_at_a_toy_size_reports_the_json_keys(capsys):
 
 
 def test_vs_timm_without_torch_says_so_and_still_reports_ours(monkeypatch):
-    import builtins
-    real_import = builtins.__import__
-
-    def no_torch(name, *args, **kwargs):
-        if name in ("torch", "timm"):
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_torch)
-    import importlib.util
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a, **k: None if name in ("torch", "timm") else real_find_spec(name, *a, **k))
+    no_torch(monkeypatch)
     r = measure_train_step(StepSpec(batch=2, overrides=TOY), vs_timm=True, repeats=1, min_repeat_s=0, peak=PEAK)
     assert r["img_per_s"] > 0
     assert r["timm_img_per_s"] is None and r["ratio_vs_timm"] is None
-    assert "not importable" in r["timm_skipped"]
+    assert "not importable" in r["timm_skipped"] and "--timm-python" in r["timm_skipped"]
+
+
+def test_timm_python_runs_the_worker_with_that_interpreter_and_reports_what_it_lacks():
+    # This interpreter has no torch: the worker starts under it (the repository on PYTHONPATH), says so and exits.
+    import importlib.util
+    if importlib.util.find_spec("torch"):
+        pytest.skip("torch is importable here; the worker would time timm")
+    r = measure_train_step(StepSpec(batch=2, overrides=TOY), vs_timm=True, timm_python=sys.executable, repeats=1,
+                           min_repeat_s=0, peak=PEAK)
+    assert f"not importable by {sys.executable}" in r["timm_skipped"] and r["ratio_vs_timm"] is None
+
+
+def test_timm_python_that_does_not_exist_is_a_clear_error_naming_the_flag_and_the_path():
+    with pytest.raises(ValueError, match=r"--timm-python '/no/such/python'"):
+        measure_train_step(StepSpec(batch=2, overrides=TOY), vs_timm=True, timm_python="/no/such/python")
+    out = subprocess.run([sys.executable, "-m", "layerscale_jax.bench", "all", "--timm-python", "/no/such/python"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2 and "--timm-python '/no/such/python'" in out.stderr, out.stderr
+
+
+def test_the_timm_worker_imports_nothing_newer_than_python_3_11():
+    code = ("import sys, layerscale_jax.bench.timm_worker; print('\\n'.join(m.__file__ for n, m in sys.modules.items()"
+            " if n.startswith('layerscale_jax')))")
+    files = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert any(f.endswith("timm_worker.py") for f in files) and not any(f.endswith("step.py") for f in files)
+    for f in files:
+        ast.parse(Path(f).read_text(), f, feature_version=(3, 11))
+
+
+def test_the_peer_is_big_vision_vit_with_a_hand_counted_parameter_count():
+    d, m, p, n, classes, depth = 64, 256, 4, (16 // 4) ** 2, 10, 2
+    block = 2 * 2 * d + 4 * (d * d + d) + (d * m + m) + (m * d + d)   # two LayerNorms, q k v o, the MLP
+    expected = (p * p * 3 * d + d) + n * d + depth * block + 2 * d + (d * classes + classes)
+    cfg = model_config("deit3_small_patch16_224", **TOY)
+    import jax.numpy as jnp
+    from layerscale_jax.bench.step import make_optimizer
+    images, labels = jnp.zeros((2, 16, 16, 3)), jnp.zeros((2,), jnp.int32)
+    loop, num_params = peer.compile_step(cfg, images, labels, make_optimizer())
+    assert num_params == expected
+    loop.run(2)
+    assert float(loop.out) > 0
+
+
+def test_vs_peer_times_the_peer_alternately_and_reports_ratio_and_flops():
+    r = measure_train_step(StepSpec(batch=2, overrides=TOY), vs_peer=True, repeats=3, min_repeat_s=0, peak=PEAK)
+    assert r["peer"] == peer.LABEL
+    for key in ("peer_step_s", "peer_img_per_s", "ours_over_peer", "ours_over_peer_paired", "peer_flops_analytic"):
+        assert r[key] > 0, key
+    assert r["ours_over_peer"] == pytest.approx(r["peer_step_s"] / r["step_time_s"])
+    # The only FLOP difference is our class token: 17 tokens against the peer's 16 at this toy size.
+    assert r["flops_ours_over_peer"] == r["flops_analytic"] / r["peer_flops_analytic"] > 1
+    assert r["num_params"] - r["peer_num_params"] == 64 + 2 * 2 * 64       # class token + LayerScale's γ
+
+
+def test_at_vit_s16_the_peer_and_our_model_count_flops_within_a_percent():
+    cfg = model_config("deit3_small_patch16_224")
+    ours, peer_flops = flops.train_step_flops(cfg, 16), flops.train_step_flops(cfg, 16, class_token=False)
+    assert 1 < ours / peer_flops < 1.01                                          # 197 tokens against 196
+
+
+def test_vs_peer_refuses_cait_naming_the_flag_and_the_model():
+    with pytest.raises(ValueError, match=r"--vs-peer: model 'cait_xxs24_224' is a CaiT"):
+        cli.main(["train_step", "--model", "cait_xxs24_224", "--vs-peer", *TOY_FLAGS])
 
 
 @pytest.mark.parametrize("model", ["deit3_small_patch16_224", "cait_xxs24_224"])
@@ -53,48 +114,57 @@ def test_analytic_flops_agree_with_xla_cost_analysis(model):
 
 def test_xla_options_compiles_each_option_set_and_times_them_against_the_default():
     from layerscale_jax.bench.entries import bench_xla_options
-    r = bench_xla_options(["ynn_off"], cases=[("toy", StepSpec(batch=2, overrides=TOY))], repeats=1)
+    r = bench_xla_options(("ynn_off",), cases=[("toy", StepSpec(batch=2, overrides=TOY))], repeats=1)
     rows = {row["option"]: row for row in r["rows"]}
     assert set(rows) == {"xla_default", "ynn_off"}
     assert rows["xla_default"]["speedup_vs_default"] == 1.0
     assert rows["ynn_off"]["step_time_s"] > 0 and rows["ynn_off"]["error"] is None
     assert rows["ynn_off"]["library_calls"]["ynn_fusion"] == 0
-
-
-def test_xla_options_rejects_an_unknown_option_set_by_name():
-    from layerscale_jax.bench.entries import bench_xla_options
-    with pytest.raises(ValueError, match="no_such_option"):
-        bench_xla_options(["no_such_option"], cases=[("toy", StepSpec(batch=2, overrides=TOY))])
+    with pytest.raises(ValueError, match="--options: unknown XLA option set.*no_such_option"):
+        bench_xla_options(("no_such_option",))
 
 
 def test_profile_attributes_time_to_the_compiled_programs_operations(capsys):
-    cli.main(["profile", "--batch", "2", "--steps", "1", "--top", "5", "--json",
-              *[a for k, v in TOY.items() for a in ("--set", f"{k}={v}")]])
+    cli.main(["profile", "--batch", "2", "--steps", "1", "--top", "5", "--json", *TOY_FLAGS])
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["timed_ops_ms_per_step"] > 0
     assert 0 < len(r["by_op"]) <= 5 and all(row["shape"] and row["ms_per_step"] > 0 for row in r["by_op"])
     assert sum(row["ms_per_step"] for row in r["by_kind"]) <= r["timed_ops_ms_per_step"] + 1e-9
 
 
-def test_page_faults_runs_the_step_in_fresh_processes_with_and_without_the_tunable():
+def test_page_faults_runs_the_probe_in_fresh_processes_with_and_without_the_tunable():
     from layerscale_jax.bench.entries import bench_page_faults
     r = bench_page_faults(StepSpec(batch=2, overrides=TOY), rounds=1)
     assert [run["glibc_tunables"] for run in r["runs"]["default_4k_pages"]] == [""]
     assert [run["glibc_tunables"] for run in r["runs"]["huge_page_malloc"]] == ["glibc.malloc.hugetlb=1"]
     for name in ("default_4k_pages", "huge_page_malloc"):
         assert r[name]["step_s"] > 0 and r[name]["minor_faults"] >= 0
+        (run,) = r["runs"][name]             # the same probe measures memory for the `memory` entry
+        assert 0 < run["xla_peak_bytes"] and 0 < run["rss_step_increase_bytes"] < run["rss_peak_during_steps_bytes"]
 
 
-def test_report_renders_the_measured_ratios_into_the_table():
+def test_report_renders_the_measured_ratios_and_each_rows_cpu_into_the_table():
     from layerscale_jax.bench.report import report
     row = {"img_per_s": 3.0, "timm_img_per_s": 4.0, "ratio_vs_timm": 0.75, "ratio_vs_timm_paired": 0.8,
-           "mfu": 0.5, "timm_mfu": 0.6}
+           "mfu": 0.5, "timm_mfu": 0.6, "ours_over_peer": 0.9, "ours_over_peer_paired": 0.95, "peer": peer.LABEL,
+           "machine": {"cpu": "row cpu"}}
     table = report({"entries": {"train_step_deit3_small_b16_float32": row,
                                 "layerscale": {"rows": [{"case": "toy", "layerscale_step_s": 1.01, "none_step_s": 1.0,
                                                          "overhead": 0.01, "bytes_accessed_overhead": 0.02}]}},
-                    "machine": {"cpu": "test cpu"}})
-    assert "| DeiT III-S/16 train step, float32, batch 16 | 3.00 img/s | 4.00 img/s | **0.75×** (paired 0.80×)" in table
-    assert "overhead **+1.0%** (XLA bytes accessed +2.0%)" in table and "test cpu" in table
+                    "machine": {"cpu": "file cpu"}})
+    assert ("| DeiT III-S/16 train step, float32, batch 16 | 3.00 img/s | 4.00 img/s | **0.75×** (paired 0.80×) | "
+            "**0.90×** (paired 0.95×) | 50.0% / 60.0% | ≥ 1.0× | row cpu |") in table
+    assert "overhead **+1.0%** (XLA bytes accessed +2.0%)" in table and table.count("| file cpu |") == 1
+    assert f"ours / peer: {peer.LABEL}." in table
+
+
+@pytest.mark.parametrize("name, cpu", [("cpu2_2026-11-29", "Intel(R) Xeon(R) Processor"),
+                                       ("cpu2_2026-11-30", "AMD EPYC")])
+def test_report_reads_the_committed_results_and_names_the_cpu_on_every_row(name, cpu, capsys):
+    cli.main(["report", str(REPO / f"benchmarks/results/{name}.json")])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) > 5 and rows[0].endswith("| target | CPU |")
+    assert all(r.endswith(f"| {cpu} |") for r in rows[1:]), rows
 
 
 def test_optimizer_entry_times_the_trainer_optimizer_against_plain_adamw_and_reports_the_ratio():
@@ -109,9 +179,8 @@ def test_optimizer_entry_times_the_trainer_optimizer_against_plain_adamw_and_rep
     assert f"scan, layer decay 0.75, depth 2 | {row['ours_s'] * 1e3:.1f}/{row['plain_s'] * 1e3:.1f} ms" in table
 
 
-BENCH = Path(__file__).resolve().parents[1] / "layerscale_jax" / "bench"
 # Each bench module may import only modules listed before it (at module level or inside a function).
-IMPORT_ORDER = ("timing", "flops", "timm_worker", "step", "profile", "trainer", "report", "entries", "cli",
+IMPORT_ORDER = ("timing", "flops", "timm_worker", "peer", "step", "profile", "trainer", "report", "entries", "cli",
                 "__main__")
 
 
@@ -149,7 +218,8 @@ def test_the_bench_command_line_imports_nothing_heavier_than_the_models_do():
 
 def test_every_entry_prints_its_results_from_a_committed_results_file(capsys):
     from layerscale_jax.bench.entries import ENTRIES, display
-    results = json.loads((BENCH.parents[1] / "benchmarks/results/cpu2_2026-11-29.json").read_text())
+    results = json.loads((REPO / "benchmarks/results/cpu2_2026-11-29.json").read_text())
     for name, result in results["entries"].items():
-        display(name.split("_deit3")[0] if name != "matmul" else "all", result)
-    assert "ratio_vs_timm" in capsys.readouterr().out and {"train_step", "optimizer", "all"} <= set(ENTRIES)
+        display(name.split("_deit3")[0], result)
+    out = capsys.readouterr().out
+    assert "ratio_vs_timm" in out and "speedup_vs_default" in out and {"train_step", "optimizer", "all"} <= set(ENTRIES)

@@ -9,45 +9,26 @@ Forward, per image, with ``N`` tokens, width ``D``, MLP width ``M``, ``h`` heads
                       + 2·2·D·M (MLP on the class token)
     head              2·D·classes
 
-Training = forward + backward ≈ 3 × forward: the backward of a matmul is two matmuls of the same size (input and
-weight gradients). The patch embedding gets only its weight gradient (the images need none), so it counts 2 ×.
-This is the "model FLOPs" of MFU; rematerialisation adds recomputed FLOPs that the count deliberately leaves out.
-XLA's cost analysis of the compiled step also counts elementwise work (softmax, GELU, LayerNorm, the optimizer),
-which is why the cross-check allows it to be a few percent higher.
+Training ≈ 3 × forward (a matmul's backward is two matmuls of its size); the patch embedding gets only its weight
+gradient, so it counts 2 ×. These are MFU's "model FLOPs": remat's recomputation is left out, and XLA's cost
+analysis (which also counts softmax, GELU, LayerNorm and the optimizer) is a few percent higher.
 """
 from __future__ import annotations
 
 
-def _vit_block_fwd(n: int, d: int, m: int) -> int:
-    return 2 * n * d * 3 * d + 2 * 2 * n * n * d + 2 * n * d * d + 2 * 2 * n * d * m
-
-
-def forward_flops_per_image(cfg) -> dict:
-    """Forward matmul FLOPs of one image, split into ``stem`` (patch embedding) and ``rest``."""
+def train_step_flops(cfg, batch: int, class_token: bool = True) -> int:
+    """Model FLOPs of one training step on ``batch`` images; ``class_token=False``: a ViT whose blocks see the
+    patch tokens only (big_vision's ``pool_type="gap"``, the ``--vs-peer`` model)."""
     from layerscale_jax.models.cait import CaiTConfig
 
-    d, p, c = cfg.embed_dim, cfg.patch_size, cfg.in_chans
-    n_patches = cfg.num_patches
-    m = int(d * cfg.mlp_ratio)
-    stem = 2 * n_patches * p * p * c * d
-    head = 2 * d * cfg.num_classes
+    d, n, m = cfg.embed_dim, cfg.num_patches, int(cfg.embed_dim * cfg.mlp_ratio)
+    stem = 2 * n * cfg.patch_size ** 2 * cfg.in_chans * d
+    block = lambda n: 2 * n * d * 3 * d + 2 * 2 * n * n * d + 2 * n * d * d + 2 * 2 * n * d * m  # noqa: E731
+    rest = 2 * d * cfg.num_classes
     if isinstance(cfg, CaiTConfig):
-        n, h = n_patches, cfg.num_heads
-        sa = cfg.depth * (_vit_block_fwd(n, d, m) + 2 * 2 * n * n * h * h)
-        m_tok = int(d * cfg.mlp_ratio_token_only)
-        ca = cfg.depth_token_only * (2 * d * d + 2 * 2 * (n + 1) * d * d + 2 * 2 * (n + 1) * d + 2 * d * d
-                                     + 2 * 2 * d * m_tok)
-        return {"stem": stem, "rest": sa + ca + head}
-    n = n_patches + 1
-    return {"stem": stem, "rest": cfg.depth * _vit_block_fwd(n, d, m) + head}
-
-
-def train_step_flops(cfg, batch: int) -> int:
-    """Model FLOPs of one training step (forward + backward) on ``batch`` images."""
-    f = forward_flops_per_image(cfg)
-    return batch * (2 * f["stem"] + 3 * f["rest"])
-
-
-def forward_flops(cfg, batch: int) -> int:
-    f = forward_flops_per_image(cfg)
-    return batch * (f["stem"] + f["rest"])
+        m_cls = int(d * cfg.mlp_ratio_token_only)
+        rest += cfg.depth * (block(n) + 2 * 2 * n * n * cfg.num_heads ** 2) + cfg.depth_token_only * (
+            2 * d * d + 2 * 2 * (n + 1) * d * d + 2 * 2 * (n + 1) * d + 2 * d * d + 2 * 2 * d * m_cls)
+    else:
+        rest += cfg.depth * block(n + int(class_token))
+    return batch * (2 * stem + 3 * rest)

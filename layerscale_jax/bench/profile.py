@@ -1,12 +1,6 @@
-"""Where a train step's time goes: XLA's own per-operation timings, joined with the compiled program.
-
-``jax.profiler.trace`` records one event per executed XLA operation (a fusion, a dot, a copy ...). This reads the
-Perfetto trace it writes, sums each operation's time over a few steps and labels it with its shape and the JAX
-operation it came from (``op_name`` in the compiled HLO), then groups them by kind (``wrapped_reduce-window``,
-``copy_bitcast_fusion``, ...). On the CPU, library calls such as Eigen matmuls may run on the thread pool after their
-event ends, so dots are undercounted there; every fusion and copy is timed in full.
-
-    python -m layerscale_jax.bench profile --model deit3_small_patch16_224 --batch 16 --top 25
+"""Where a train step's time goes: XLA's per-operation timings from ``jax.profiler``'s trace, summed per operation
+over a few steps, labelled with the shape and JAX op name of the compiled HLO, grouped by kind. On the CPU, Eigen
+dots may finish on the thread pool after their event ends (undercounted); fusions and copies are timed in full.
 """
 from __future__ import annotations
 
@@ -28,14 +22,13 @@ def hlo_labels(hlo_text: str) -> dict[str, dict]:
     """``{instruction name: {"shape", "op_name"}}`` for every instruction of a compiled HLO module's text."""
     out = {}
     for line in hlo_text.splitlines():
-        m = _INSTRUCTION.match(line)
-        if m:
+        if m := _INSTRUCTION.match(line):
             op = re.search(r'op_name="([^"]*)"', line)
             out[m.group(1)] = {"shape": m.group(2), "op_name": op.group(1) if op else ""}
     return out
 
 
-def trace_durations(logdir: str) -> dict[str, float]:
+def trace_durations(logdir: str) -> collections.Counter:
     """Total microseconds per event name in the Perfetto trace under ``logdir``."""
     files = glob.glob(f"{logdir}/**/*.json.gz", recursive=True)
     if not files:
@@ -47,7 +40,7 @@ def trace_durations(logdir: str) -> dict[str, float]:
     for e in events:
         if e.get("ph") == "X":
             total[e["name"]] += e.get("dur", 0)
-    return dict(total)
+    return total
 
 
 def profile_step(spec: StepSpec, steps: int = 3, top: int = 25) -> dict:
@@ -59,20 +52,14 @@ def profile_step(spec: StepSpec, steps: int = 3, top: int = 25) -> dict:
         with jax.profiler.trace(logdir, create_perfetto_trace=True):
             step.run(steps)
         durations = trace_durations(logdir)
-    ops = collections.Counter()
-    count = collections.Counter()
+    ops, count, kinds = collections.Counter(), collections.Counter(), collections.Counter()
     for name, us in durations.items():
         if name in labels:
-            kind = re.sub(r"\.\d+$", "", name)
-            key = (kind, labels[name]["shape"], labels[name]["op_name"])
+            key = (re.sub(r"\.\d+$", "", name), labels[name]["shape"], labels[name]["op_name"])
             ops[key] += us / 1e3 / steps
             count[key] += 1
-    kinds = collections.Counter()
-    for (kind, _, _), ms in ops.items():
-        kinds[kind] += ms
-    t0 = sum(ops.values())
-    return {"benchmark": "profile", "spec": vars(spec), "steps": steps, "timed_ops_ms_per_step": t0,
+            kinds[key[0]] += us / 1e3 / steps
+    return {"benchmark": "profile", "spec": vars(spec), "steps": steps, "timed_ops_ms_per_step": sum(ops.values()),
             "by_kind": [{"kind": k, "ms_per_step": v} for k, v in kinds.most_common(top)],
             "by_op": [{"kind": k, "shape": s, "op_name": o, "count": count[(k, s, o)], "ms_per_step": v}
                       for (k, s, o), v in ops.most_common(top)]}
-
