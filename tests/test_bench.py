@@ -223,3 +223,10 @@ def test_every_entry_prints_its_results_from_a_committed_results_file(capsys):
         display(name.split("_deit3")[0], result)
     out = capsys.readouterr().out
     assert "ratio_vs_timm" in out and "speedup_vs_default" in out and {"train_step", "optimizer", "all"} <= set(ENTRIES)
+
+
+def test_layerscale_times_both_branch_scalings_alternately_and_reports_the_overhead():
+    from layerscale_jax.bench.entries import bench_layerscale
+    (row,) = bench_layerscale(repeats=3, cases=[("toy", 2, dict(TOY, init_values="auto"))])["rows"]
+    assert row["layerscale_step_s"] > 0 and row["none_step_s"] > 0 and -0.5 < row["overhead"] < 0.5
+    assert row["variants"]["layerscale"]["bytes_accessed"] > row["variants"]["none"]["bytes_accessed"] > 0

@@ -1,15 +1,12 @@
-"""``python -m layerscale_jax.bench SUBCOMMAND ...`` — see ``python -m layerscale_jax.bench -h``."""
-from __future__ import annotations
-
+"""``python -m layerscale_jax.bench SUBCOMMAND ...``; user errors: one line, exit status 2 (layerscale_jax/cli.py)."""
 import sys
 
 from layerscale_jax.runtime import reexec_with_huge_page_malloc
 
-# Before anything allocates: huge pages for XLA's per-step CPU buffers (see layerscale_jax/runtime.py).
-reexec_with_huge_page_malloc()
+reexec_with_huge_page_malloc()      # before anything allocates: huge pages for XLA's CPU buffers (runtime.py)
 
 from layerscale_jax.bench.cli import main  # noqa: E402
 from layerscale_jax.cli import run_cli  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))                  # user errors: one line, exit status 2 (layerscale_jax/cli.py)
+    sys.exit(run_cli(main))

@@ -98,29 +98,72 @@ def bench_ablation(depths: tuple[int, ...] = (6, 24), batch: int = 128, timm_pyt
     return out
 
 
+# XLA CPU compiler options tried against XLA's defaults, per executable (the fields XLA_FLAGS sets process-wide).
+YNN = "xla_cpu_experimental_ynn_fusion_type"
+CPU_OPTIONS = {
+    "xla_default": {}, "ynn_off": {YNN: ""}, "ynn_dot_only": {YNN: "LIBRARY_FUSION_TYPE_DOT"},
+    "ynn_individual_dot": {YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
+    "xnn_dot": {YNN: "", "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
+    "onednn_dot": {YNN: "", "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
+    "fast_math": {"xla_cpu_enable_fast_math": True}, "vector_width_512": {"xla_cpu_prefer_vector_width": 512}}
+LIBRARY_CALLS = {"ynn_fusion": r"%ynn_fusion[.\d]* = ", "xnn_fusion": r"%xnn_fusion[.\d]* = ", "onednn": "onednn",
+                 "dot_instructions": r" dot\("}
+
+
+def race_steps(variants: dict, repeats: int) -> dict:
+    """Compile each variant (name → ``(StepSpec, XLA compiler options)``), time them alternately: per variant its
+    stats, compile time, XLA's bytes accessed, temporaries, FLOPs and library fusions, or why it did not compile."""
+    steps, out = {}, {}
+    for name, (spec, options) in variants.items():
+        try:
+            steps[name] = CompiledStep(spec, compiler_options=options)
+        except Exception as e:  # noqa: BLE001 - an option set this jaxlib rejects is a result, not a crash
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    stats = timing.measure({n: s.run for n, s in steps.items()}, warmup=1, repeats=repeats)
+    for name, s in steps.items():
+        hlo = s.compiled.as_text()
+        out[name] = {"step_time_s": stats[name]["median_s"], "stats": stats[name], "compile_s": s.xla_compile_s,
+                     "bytes_accessed": xla_cost(s.compiled, "bytes accessed"), "flops_xla": s.flops()["flops_xla"],
+                     "temp_bytes": compiled_memory(s.compiled)["temp_size_in_bytes"], "library_calls": {
+                         k: len(re.findall(p, hlo, flags=re.IGNORECASE)) for k, p in LIBRARY_CALLS.items()}}
+    return out
+
+
 @entry("layerscale", "case layerscale_step_s none_step_s overhead overhead_ratio_of_medians bytes_accessed_overhead")
-def bench_layerscale(repeats: int = 15) -> dict:
+def bench_layerscale(repeats: int = 15, cases=None) -> dict:
     """LayerScale against ``branch_scaling=none`` at equal shapes, timed alternately: overhead = median of the
-    per-pair time ratios − 1 (target ≤ 2%), with XLA's bytes accessed, temporaries and FLOPs of both."""
+    per-pair time ratios − 1 (target ≤ 2%); XLA's bytes accessed of both."""
     rows = []
-    for label, batch, overrides in (("deit3_small_patch16_224 b16", 16, {}),
-                                    ("ablation depth 24 b128", 128, dict(ABLATION, depth=24, drop_path_rate=0.0))):
-        steps = {s: prepare(StepSpec(batch=batch, overrides={**{k: v for k, v in overrides.items() if s == "layerscale"
-                                                               or k != "init_values"}, "branch_scaling": s}))[0]
-                 for s in ("layerscale", "none")}
-        stats = timing.measure({k: s.run for k, s in steps.items()}, warmup=1, repeats=repeats)
-        (ls, none), b = (stats[k]["median_s"] for k in steps), {k: xla_cost(s.compiled, "bytes accessed")
-                                                                 for k, s in steps.items()}
-        rows.append({"case": label, "batch": batch, "overrides": overrides, "layerscale_step_s": ls,
-                     "none_step_s": none, "overhead": timing.paired_ratio(stats["layerscale"], stats["none"]) - 1,
-                     "overhead_ratio_of_medians": ls / none - 1, **stats, "bytes_accessed_xla": b,
-                     "bytes_accessed_overhead": b["layerscale"] / b["none"] - 1,
-                     "flops_xla": {k: s.flops()["flops_xla"] for k, s in steps.items()},
-                     "temp_bytes_xla": {k: compiled_memory(s.compiled)["temp_size_in_bytes"]
-                                        for k, s in steps.items()}})
-        del steps
+    for label, batch, overrides in cases or (("deit3_small_patch16_224 b16", 16, {}), (
+            "ablation depth 24 b128", 128, dict(ABLATION, depth=24, drop_path_rate=0.0))):
+        without_init = {k: v for k, v in overrides.items() if k != "init_values"}        # `none` has no init value
+        v = race_steps({s: (StepSpec(batch=batch, overrides={**o, "branch_scaling": s}), None)
+                        for s, o in (("layerscale", overrides), ("none", without_init))}, repeats)
+        ls, no = v["layerscale"], v["none"]
+        rows.append({"case": label, "batch": batch, "overrides": overrides, "layerscale_step_s": ls["step_time_s"],
+                     "none_step_s": no["step_time_s"], "overhead": timing.paired_ratio(ls["stats"], no["stats"]) - 1,
+                     "overhead_ratio_of_medians": ls["step_time_s"] / no["step_time_s"] - 1,
+                     "bytes_accessed_overhead": ls["bytes_accessed"] / no["bytes_accessed"] - 1, "variants": v})
     return {"benchmark": "layerscale", "rows": rows, "target_overhead": 0.02,
             "target_met": all(r["overhead"] <= 0.02 for r in rows)}
+
+
+@entry("xla_options", "case option step_time_s speedup_vs_default library_calls error")
+def bench_xla_options(options: tuple[str, ...] = tuple(CPU_OPTIONS), repeats: int = 5, cases=None) -> dict:
+    """The train step compiled once per XLA CPU option set (``CPU_OPTIONS``), timed alternately in one process;
+    speed-up = default step time / the option's; library fusions counted; a rejected option set is an error."""
+    names = ["xla_default", *[n for n in options if n != "xla_default"]]
+    if unknown := [n for n in names if n not in CPU_OPTIONS]:
+        raise ValueError(f"--options: unknown XLA option set(s) {unknown}; known: {sorted(CPU_OPTIONS)}")
+    rows = []
+    for case, spec in cases or [("deit3_small b16 fp32", StepSpec(batch=16)),
+                                ("ablation d6 b128", StepSpec(batch=128, overrides=dict(ABLATION, depth=6)))]:
+        v = race_steps({n: (spec, CPU_OPTIONS[n]) for n in names}, repeats)
+        base = v["xla_default"].get("step_time_s")
+        rows += [{"case": case, "option": n, "compiler_options": CPU_OPTIONS[n], "error": None, **r,
+                  "speedup_vs_default": base / r["step_time_s"] if base and "step_time_s" in r else None}
+                 for n, r in v.items()]
+    return {"benchmark": "xla_options", "rows": rows, "repeats": repeats}
 
 
 @entry("seeds")
@@ -231,46 +274,6 @@ def bench_pipeline(batch: int = 128, num_batches: int = 100, depth: int = 6) -> 
     return {**out, "pipeline_over_step": out["pipeline_img_per_s"] / out["train_step_img_per_s"]}
 
 
-# XLA CPU compiler options tried against XLA's defaults, per executable (the fields XLA_FLAGS sets process-wide).
-CPU_OPTIONS = {"xla_default": {}, "ynn_off": {"xla_cpu_experimental_ynn_fusion_type": ""}, **{
-    f"ynn_{k}": {"xla_cpu_experimental_ynn_fusion_type": f"LIBRARY_FUSION_TYPE_{v}"} for k, v in (
-        ("dot_only", "DOT"), ("individual_dot", "INDIVIDUAL_DOT"))}, **{f"{lib}_dot": {
-            "xla_cpu_experimental_ynn_fusion_type": "", f"xla_cpu_experimental_{lib}_fusion_type":
-            "LIBRARY_FUSION_TYPE_DOT"} for lib in ("xnn", "onednn")},
-    "fast_math": {"xla_cpu_enable_fast_math": True}, "vector_width_512": {"xla_cpu_prefer_vector_width": 512}}
-LIBRARY_CALLS = {"ynn_fusion": r"%ynn_fusion[.\d]* = ", "xnn_fusion": r"%xnn_fusion[.\d]* = ", "onednn": "onednn",
-                 "dot_instructions": r" dot\("}
-
-
-@entry("xla_options", "case option step_time_s speedup_vs_default library_calls error")
-def bench_xla_options(options: tuple[str, ...] = tuple(CPU_OPTIONS), repeats: int = 5, cases=None) -> dict:
-    """The train step compiled once per XLA CPU option set (``CPU_OPTIONS``), timed alternately in one process;
-    speed-up = default step time / the option's; library fusions counted; a rejected option set is an error."""
-    names = ["xla_default", *[n for n in options if n != "xla_default"]]
-    if unknown := [n for n in names if n not in CPU_OPTIONS]:
-        raise ValueError(f"--options: unknown XLA option set(s) {unknown}; known: {sorted(CPU_OPTIONS)}")
-    rows = []
-    for case, spec in cases or [("deit3_small b16 fp32", StepSpec(batch=16)),
-                                ("ablation d6 b128", StepSpec(batch=128, overrides=dict(ABLATION, depth=6)))]:
-        steps, errors = {}, {}
-        for name in names:
-            try:
-                steps[name] = CompiledStep(spec, compiler_options=CPU_OPTIONS[name])
-            except Exception as e:  # noqa: BLE001 - an option this jaxlib rejects is a result, not a crash
-                errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
-        stats = timing.measure({n: s.run for n, s in steps.items()}, warmup=1, repeats=repeats)
-        base = stats.get("xla_default", {}).get("median_s")
-        for name in names:
-            s, t = steps.get(name), stats.get(name, {}).get("median_s")
-            rows.append({"case": case, "option": name, "compiler_options": CPU_OPTIONS[name], "step_time_s": t,
-                         "speedup_vs_default": base / t if base and t else None, "stats": stats.get(name),
-                         "error": errors.get(name), **({"compile_s": s.xla_compile_s, "library_calls": {
-                             k: len(re.findall(p, s.compiled.as_text(), flags=re.IGNORECASE))
-                             for k, p in LIBRARY_CALLS.items()}} if s else {})})
-        del steps
-    return {"benchmark": "xla_options", "rows": rows, "repeats": repeats}
-
-
 @entry("page_faults")
 def bench_page_faults(spec: StepSpec = StepSpec(), rounds: int = 2) -> dict:
     """``probe`` without and with glibc's huge-page malloc (``layerscale_jax.runtime``), fresh processes alternated
@@ -322,7 +325,7 @@ def run_all(quick: bool = False, only: tuple[str, ...] | None = None, max_load: 
         raise ValueError(f"--only: unknown entries {sorted(unknown)}; the suite: {','.join(SUITE)}")
     now, t_start = lambda: datetime.datetime.now().isoformat("T", "seconds"), time.time()
     backend = jax.default_backend()
-    machine = f"cpu{timing.num_threads()}" if backend == "cpu" else f"{backend}-{jax.devices()[0].device_kind}"
+    machine = f"cpu{len(os.sched_getaffinity(0))}" if backend == "cpu" else f"{backend}-{jax.devices()[0].device_kind}"
     path = REPO / f"benchmarks/results/{re.sub(r'[^a-z0-9_-]+', '-', machine.lower())}_{datetime.date.today()}.json"
     command = " ".join(["python -m layerscale_jax.bench", *sys.argv[1:]])
     results = {"suite": "layerscale_jax.bench all", "started": now(), "command": command,

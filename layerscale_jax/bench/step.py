@@ -1,10 +1,8 @@
-"""The benchmarked train step and its measurement against timm and big_vision's ViT (the ``train_step`` entry).
+"""The benchmarked train step (not the trainer's: no Mixup, no data package) and its measurement (``train_step``).
 
     step(state, images, labels) -> (state', loss)       jitted, state = {params, rest, opt_state, key} donated
     L(θ) = mean_n −log softmax(f_θ(x_n))_{y_n} ;  θ' = AdamW(θ, ∇L(θ))      (lr 1e-3, wd 0.05, as timm's DeiT III)
     MFU = model FLOPs per step (``flops``) / step time / matmul peak measured on the same device
-
-Not ``layerscale_jax.train``'s step (Mixup, the data package): the smallest step that trains, on jax/flax/optax.
 """
 from __future__ import annotations
 
@@ -83,8 +81,7 @@ def num_params(tree) -> int:
 
 
 class CompiledStep(timing.Loop):
-    """``spec``'s compiled step, its state and a synthetic batch (``run(k)``); ``compile_s`` = ``lower_s`` (trace
-    and lower) + ``xla_compile_s``; ``compiler_options``: XLA's options for this executable."""
+    """``spec``'s compiled step on a synthetic batch; ``compile_s`` = ``lower_s`` (trace, lower) + ``xla_compile_s``."""
 
     def __init__(self, spec: StepSpec, tx=None, compiler_options: dict | None = None):
         self.spec, tx = spec, tx or make_optimizer()
@@ -107,13 +104,15 @@ class CompiledStep(timing.Loop):
 
 
 def prepare(spec: StepSpec, tx=None) -> tuple[CompiledStep, int | None]:
-    """Compile ``spec`` and run two steps: the step, and its peak memory (``timing.peak_memory``: from before the
-    model was built, on the CPU the RSS increase: parameters, optimizer state, batch, executable, temporaries)."""
+    """Compile ``spec``, run two steps: the step and its peak memory (the device's peak bytes in use; on the CPU
+    the peak RSS increase from before the model was built: parameters, optimizer state, executable, temporaries)."""
     base = timing.rss_baseline()
     step = CompiledStep(spec, tx)
     timing.rss_baseline()
     step.run(2)
-    return step, timing.peak_memory(base)
+    if jax.default_backend() == "cpu":
+        return step, timing.rss_bytes(peak=True) - base
+    return step, (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
 
 
 def measure_train_step(spec: StepSpec, *, vs_timm: bool = False, vs_peer: bool = False, timm_python: str | None = None,

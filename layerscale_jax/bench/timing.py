@@ -63,8 +63,7 @@ class Loop:
 def matmul_peak(dtype: str = "float32", n: int | None = None, torch_device: str | None = None) -> dict:
     """FLOP/s (``2n³`` per call) of a square matmul, the MFU denominator: jax's on its default device, or
     PyTorch's on ``torch_device`` (timm's side). n = 2048 on the CPU, 8192 on accelerators."""
-    on_cpu = (torch_device or jax.default_backend()) == "cpu"
-    n = n or (2048 if on_cpu else 8192)
+    n = n or (2048 if (torch_device or jax.default_backend()) == "cpu" else 8192)
     if torch_device:
         import torch
         a, b = (torch.randn(n, n, dtype=getattr(torch, dtype), device=torch_device) for _ in range(2))
@@ -98,14 +97,6 @@ def rss_baseline() -> int:
     return rss_bytes()
 
 
-def peak_memory(rss_base: int) -> int | None:
-    """Peak memory since ``rss_baseline``: RSS increase on the CPU, the device's peak bytes in use elsewhere."""
-    if jax.default_backend() == "cpu":
-        return rss_bytes(peak=True) - rss_base
-    stats = jax.devices()[0].memory_stats() or {}
-    return stats.get("peak_bytes_in_use")
-
-
 def compiled_memory(compiled) -> dict:
     """XLA's buffer assignment of one executable; ``peak_bytes`` = argument + output − aliased + temporary bytes."""
     m = compiled.memory_analysis()
@@ -113,11 +104,6 @@ def compiled_memory(compiled) -> dict:
                                            "temp_size_in_bytes", "generated_code_size_in_bytes")}
     return {**out, "peak_bytes": out["argument_size_in_bytes"] + out["output_size_in_bytes"]
             - out["alias_size_in_bytes"] + out["temp_size_in_bytes"]}
-
-
-def num_threads() -> int:
-    """CPU cores this process may run on (XLA's CPU thread pool; torch gets as many)."""
-    return len(os.sched_getaffinity(0))
 
 
 def load_average() -> list[float]:
@@ -131,22 +117,24 @@ def machine_info() -> dict:
     with open("/proc/cpuinfo") as f:
         cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())
     return {"hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
-            "cpu": cpu, "cpu_threads": num_threads(), "backend": jax.default_backend(),
+            "cpu": cpu, "cpu_threads": len(os.sched_getaffinity(0)), "backend": jax.default_backend(),
             "device": jax.devices()[0].device_kind, "num_devices": jax.device_count(), "jax": jax.__version__,
             "flax": flax.__version__, "optax": optax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "load_average": load_average()}
 
 
-def bench_env(extra: dict | None = None) -> dict:
-    """This process's environment (plus ``extra``) with the repository first on ``PYTHONPATH``."""
-    env = dict(os.environ, **(extra or {}))
-    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))}
+def fresh_process(module: str, args: list[str], python: str | None = None, env: dict | None = None) -> dict:
+    """``subprocess`` arguments for ``PYTHON -m MODULE ARGS`` (this Python and environment plus ``env`` by default),
+    the repository first on ``PYTHONPATH`` so that any Python imports this checkout."""
+    env = {**os.environ, **(env or {})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return {"args": [python or sys.executable, "-m", module, *args], "env": env, "cwd": str(REPO), "text": True}
 
 
 def run_fresh(args: list[str], timeout: float, env: dict | None = None, python: str | None = None) -> dict:
     """The last JSON line of ``python -m layerscale_jax.bench ARGS`` in a fresh process, or ``{"error": ...}``."""
-    proc = subprocess.run([python or sys.executable, "-m", "layerscale_jax.bench", *args], capture_output=True,
-                          text=True, timeout=timeout, env=bench_env(env), cwd=str(REPO))
+    proc = subprocess.run(**fresh_process("layerscale_jax.bench", args, python, env), capture_output=True,
+                          timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-800:]}"}

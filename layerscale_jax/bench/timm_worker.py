@@ -52,7 +52,7 @@ def prepare(model: str, batch: int, dtype: str, remat: str, seed: int, kwargs: d
         import torch
     except ImportError as e:
         return {"run": None, "timm_skipped": f"torch/timm not importable by {sys.executable} ({e})"}
-    torch.set_num_threads(timing.num_threads())
+    torch.set_num_threads(len(os.sched_getaffinity(0)))          # as many threads as XLA's CPU pool
     torch.manual_seed(seed)
     rss_before, cuda = timing.rss_baseline(), device == "cuda"
     net = timm.create_model(model, pretrained=False, **kwargs).to(device).train()
@@ -92,9 +92,9 @@ def start(spec, python: str | None = None, device: str = "cpu") -> dict:
     if why:
         return {"run": None, "timm_skipped": why}
     request = json.dumps({**dataclasses.asdict(spec), "kwargs": kwargs, "device": device})
-    proc = subprocess.Popen([python or sys.executable, "-m", "layerscale_jax.bench.timm_worker", request],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=timing.bench_env({"JAX_PLATFORMS": "cpu"}), cwd=str(timing.REPO))
+    proc = subprocess.Popen(**timing.fresh_process("layerscale_jax.bench.timm_worker", [request], python,
+                                                   {"JAX_PLATFORMS": "cpu"}), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
     info = json.loads(proc.stdout.readline() or "null") or {
         "timm_skipped": f"the timm worker ({python or sys.executable}) exited with {proc.wait()} before it was ready"}
     if info.get("timm_skipped"):

@@ -1,14 +1,7 @@
-"""The trainer's own step and optimizer against the model-only step and plain optax AdamW (issue 16).
-
-``measure_trainer_step``: ``create_trainer(config, mesh).train_step`` (the config's model, ``optim.build``'s
-optimizer, Mixup/CutMix, label smoothing, metrics, the non-finite guard) timed alternately with ``step``'s
-model-only step of the same model and batch. ``bench_optimizer``: the jitted, donated update
-``(params, opt_state) ← update(grads, opt_state, params)`` of ``optim.build(config.optim, model)`` against
+"""The trainer's own step and optimizer against the model-only step and plain optax AdamW (issue 16); the training
+stack (ml_collections, the data package) imported lazily. The reference update, on the same parameters:
 
     optax.chain(optax.clip_by_global_norm(c), optax.adamw(schedule, b1, b2, eps, weight_decay=wd))
-
-with the config's schedule and hyperparameters, both called from Python as the trainer calls its step. Ratios
-above 1 are the trainer's overhead. The training stack (ml_collections, the data package) is imported lazily.
 """
 from __future__ import annotations
 
@@ -51,8 +44,7 @@ def compiled_update(tx: optax.GradientTransformation, params, grads) -> tuple[ti
 
 
 def compare_updates(ours_tx, plain_tx, abstract_params, *, repeats: int = 5, min_repeat_s: float = 0.3) -> dict:
-    """``ours_tx`` against ``plain_tx``, timed alternately on random parameters and gradients shaped like
-    ``abstract_params`` (drawn on the host: a jitted draw of thousands of leaves compiles for minutes)."""
+    """``ours_tx`` against ``plain_tx``, timed alternately on random parameters and gradients (drawn on the host)."""
     rng = np.random.default_rng(0)
     params, grads = (jax.tree.map(lambda x: jax.device_put((s * rng.standard_normal(x.shape)).astype(x.dtype)),
                                   abstract_params) for s in (0.02, 1e-3))
@@ -68,8 +60,7 @@ def compare_updates(ours_tx, plain_tx, abstract_params, *, repeats: int = 5, min
 def bench_optimizer(config: str = DEFAULT_CONFIG, depths: tuple[int, ...] = DEFAULT_DEPTHS,
                     layouts: tuple[str, ...] = ("unrolled", "scan"), layer_decays: tuple[float, ...] = (0.75, 1.0),
                     repeats: int = 7, min_repeat_s: float = 0.5) -> dict:
-    """The trainer's optimizer update against plain AdamW + clipping per layout × depth × layer decay: the config's
-    model (only ``depth`` and ``scan_layers`` changed) and optimizer (only ``layer_decay``)."""
+    """The trainer's optimizer update against plain AdamW + clipping, per block layout, depth and layer decay."""
     from layerscale_jax import optim
     from layerscale_jax.models import create_model
     from layerscale_jax.train.config import load_config, model_overrides
@@ -105,8 +96,7 @@ def bench_optimizer(config: str = DEFAULT_CONFIG, depths: tuple[int, ...] = DEFA
 
 
 def measure_trainer_step(config_spec: str, *, repeats: int = 5, min_repeat_s: float = 0.5) -> dict:
-    """The trainer's jitted step against the model-only step of the same model and batch, and the trainer's
-    optimizer update against plain AdamW, each pair timed alternately in one process."""
+    """``create_trainer(config).train_step`` against the model-only step (same model, batch), timed alternately."""
     from layerscale_jax import data as data_lib
     from layerscale_jax.data.sharding import process_batch_rows
     from layerscale_jax.train import sharding as shard_lib
