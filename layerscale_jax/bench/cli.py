@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="layerscale-jax benchmarks (benchmarks/README.md)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (fn, _, hidden) in ENTRIES.items():
-        p = sub.add_parser(name, description=fn.__doc__, **({} if hidden else {"help": fn.__doc__.split("\n")[0]}))
+        summary = " ".join(re.split(r"[.:;](?:\s|$)", fn.__doc__)[0].split())          # the docstring's first clause
+        p = sub.add_parser(name, description=fn.__doc__, **({} if hidden else {"help": summary}))
         add_flags(p, fn)
         p.add_argument("--json", action="store_true", help="print one JSON object")
     args = vars(parser.parse_args(argv))

@@ -64,7 +64,8 @@ def report(results: dict) -> str:
 
     def row(sources, label, ours, timm="", vs_timm="", vs_peer="", mfu="", target="—"):
         cpu = next((s["machine"]["cpu"] for s in (*sources, results) if "cpu" in s.get("machine", {})), "?")
-        lines.append("| " + " | ".join((label, ours, timm, vs_timm, vs_peer, mfu, target, cpu)) + " |")
+        lines.append("|" + "|".join(f" {c} " if c else " " for c in (label, ours, timm, vs_timm, vs_peer, mfu, target,
+                                                                     cpu)) + "|")
 
     def step_row(r, entry, label, digits, target):
         timm = "" if r.get("timm_img_per_s") is None else f"{r['timm_img_per_s']:.{digits}f} img/s"
