@@ -161,6 +161,20 @@ def test_records_of_a_killed_run_after_its_last_checkpoint_are_not_duplicated(fi
     assert strip(read_metrics(workdir)) == strip(read_metrics(finished[0]))
 
 
+def test_sealing_keeps_the_side_files_other_processes_write_for_the_next_step(finished, tmp_path):
+    """Process 0 seals finished checkpoints while the other processes may already be writing their data state for
+    the next step: side files of older, deleted steps are removed, those of a newer step are not touched."""
+    workdir = copy_run(finished, tmp_path, "seal")
+    meta = os.path.join(workdir, "checkpoints", "meta")
+    for step in (1, STEPS + 2):
+        os.makedirs(os.path.join(meta, str(step)))
+        with open(os.path.join(meta, str(step), "data_process_1.json"), "w") as f:
+            f.write("{}")
+    Checkpointer(os.path.join(workdir, "checkpoints"), keep=2)._seal_finished()
+    assert not os.path.exists(os.path.join(meta, "1"))
+    assert os.path.exists(os.path.join(meta, str(STEPS + 2), "data_process_1.json"))
+
+
 def test_a_non_finite_update_never_reaches_the_parameters():
     from layerscale_jax.train.step import init_train_state, make_train_step
     from flax import nnx

@@ -145,7 +145,7 @@ class Checkpointer:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / (path.name + ".tmp")
         tmp.write_text(json.dumps(value))
-        tmp.rename(path)
+        tmp.replace(path)                          # atomic; overwrites a side file of an earlier attempt
 
     def _seal_finished(self) -> None:
         """Process 0: checksums for every finalised step that has none yet; side files of deleted steps removed.
