@@ -50,8 +50,8 @@ def prepare(model: str, batch: int, dtype: str, remat: str, seed: int, kwargs: d
     try:
         import timm
         import torch
-    except ImportError as e:
-        return {"run": None, "timm_skipped": f"torch/timm not importable by {sys.executable} ({e})"}
+    except Exception as e:  # noqa: BLE001 - e.g. a torchvision built for another torch raises RuntimeError
+        return {"run": None, "timm_skipped": f"torch/timm not importable by {sys.executable} ({type(e).__name__}: {e})"}
     torch.set_num_threads(len(os.sched_getaffinity(0)))          # as many threads as XLA's CPU pool
     torch.manual_seed(seed)
     rss_before, cuda = timing.rss_baseline(), device == "cuda"
