@@ -174,7 +174,8 @@ def bench_seeds(num_seeds: int = 4, depth: int = 6, batch: int = 128, repeats: i
     built = [init_state(StepSpec(batch=batch, seed=s, overrides=dict(ABLATION, depth=depth)), tx)
              for s in range(num_seeds)]
     cfg, states = built[0][0].cfg, [b[2] for b in built]
-    fn, batches = make_step_fn(built[0][1], tx, True), [synthetic_batch(cfg, batch, s) for s in range(num_seeds)]
+    fn = make_step_fn(built[0][1], tx, uses_key=cfg.drop_path_rate > 0)
+    batches = [synthetic_batch(cfg, batch, s) for s in range(num_seeds)]
     stacked, images, labels = (jax.tree.map(lambda *xs: jnp.stack(xs), *trees) for trees in (states, *zip(*batches)))
     t0 = time.perf_counter()
     one = jax.jit(fn, donate_argnums=0).lower(states[0], *batches[0]).compile()

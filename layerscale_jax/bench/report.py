@@ -38,17 +38,18 @@ def fmt(path: str, v) -> str:
 
 def show(result, columns: tuple = ()) -> None:
     """Print ``result``: a table of ``columns`` (those some row has) for each list of rows in it, then every other
-    value that holds no list, one per line, then an error or skip reason if there is one."""
+    value but bulky ones (rows, per-repeat times, the machine) one per line, then an error or skip reason if any."""
     if not isinstance(result, dict):
         return print(result)
-    has_list = lambda v: isinstance(v, list) or isinstance(v, dict) and any(map(has_list, v.values()))  # noqa: E731
+    bulky = lambda v: (isinstance(v, list) and (len(v) > 4 or any(isinstance(x, dict) for x in v))  # noqa: E731
+                       or isinstance(v, dict) and ("times_s" in v or any(map(bulky, v.values()))))
     for rows in [v for v in result.values() if isinstance(v, list) and v and isinstance(v[0], dict)]:
         cols = [c for c in columns if any(get(r, c) is not None for r in rows)]
         cells = [cols] + [[fmt(c, get(r, c)) for c in cols] for r in rows]
         widths = [max(len(line[i]) for line in cells) for i in range(len(cols))]
         print("\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells))
     for key, value in result.items():
-        if not has_list(value) and key not in REASONS:
+        if not bulky(value) and key not in (*REASONS, "machine"):
             print(f"  {key:<32} {fmt(key, value)}")
     for reason in REASONS:
         if result.get(reason):
