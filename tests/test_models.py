@@ -485,3 +485,18 @@ def test_importing_the_package_does_not_import_tensorflow():
     code = "import sys, layerscale_jax; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow'))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_model_optimizer_bench_and_convert_code_needs_no_data_or_config_stack():
+    """The GPU machine has jax, flax, optax and orbax but no TensorFlow, TFDS, grain or ml_collections: the model,
+    optimizer, benchmark and conversion code imports and builds a model without them."""
+    code = (
+        "import sys\n"
+        "for name in ('ml_collections', 'tensorflow', 'tensorflow_datasets', 'grain'): sys.modules[name] = None\n"
+        "import layerscale_jax.bench.cli, layerscale_jax.bench.peer, layerscale_jax.convert, layerscale_jax.optim\n"
+        "from flax import nnx\n"
+        "from layerscale_jax import create_model\n"
+        "create_model('deit3_small_patch16_224', depth=1, embed_dim=32, num_heads=2, rngs=nnx.Rngs(0))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -34,15 +34,17 @@ import json
 import re
 import zlib
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import nnx
 
 from layerscale_jax.layers.common import torch_conv_uniform
+
+if TYPE_CHECKING:
+    import ml_collections
 
 ADAPTER_NAMES = ("lora_a", "lora_b")
 STACKED_KEY = "blocks"            # the subtree stacked on a layer axis when scan_layers=True
@@ -68,6 +70,7 @@ def default_config() -> ml_collections.ConfigDict:
     train_norms       also train every LayerNorm (scale and bias).
     train_layerscale  also train LayerScale's λ (and scalar gates).
     """
+    import ml_collections          # imported here: the model code runs without it (e.g. on a bare GPU machine)
     return ml_collections.ConfigDict(dict(rank=8, alpha=16.0, dropout=0.0, targets=DEFAULT_TARGETS,
                                           train_head=True, train_norms=False, train_layerscale=False))
 

@@ -49,9 +49,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ml_collections
 import numpy as np
 import optax
 from flax import nnx
@@ -61,6 +60,9 @@ from layerscale_jax.optim import transforms
 from layerscale_jax.optim.config import freeze_patterns, validate_config
 from layerscale_jax.optim.param_rules import layer_decay_scales, trainable_mask, weight_decay_mask
 from layerscale_jax.optim.schedules import make_schedule
+
+if TYPE_CHECKING:
+    import ml_collections
 
 TRAINABLE = "trainable"
 FROZEN = "frozen"
@@ -209,6 +211,7 @@ def build(config: ml_collections.ConfigDict, model: nnx.Module, *, total_steps: 
 
     labels = groups.map_params(lambda path, _: labels_by_path[path], group_ids)
     rows = _rows(model, ids, scales, decays, trainable)
+    import ml_collections          # the caller's config is one; the module itself imports without it
     frozen_config = ml_collections.FrozenConfigDict(config)
     return OptimizerBundle(tx=tx, schedule=schedule, lr_scales=lr_scales, wd_mask=wd_mask,
                            trainable_mask=train_mask, group_ids=group_ids, labels=labels, rows=rows,

@@ -38,11 +38,15 @@ Fields (``default_config()``; override any of them from the command line, e.g. `
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 
-import ml_collections
 
 from layerscale_jax.cli import did_you_mean
+
+if TYPE_CHECKING:
+    import ml_collections
 
 OPTIMIZERS = ("adamw", "lamb", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -51,6 +55,7 @@ CONVENTIONS = ("mae", "timm")
 
 def default_config() -> ml_collections.ConfigDict:
     """The optimizer defaults (AdamW, cosine, wd 0.05, clip 1.0, everything optional off); see the module doc."""
+    import ml_collections          # imported here: the optimizer code runs without it (e.g. on a bare GPU machine)
     return ml_collections.ConfigDict(dict(
         name="adamw",
         learning_rate=1e-3,
