@@ -167,6 +167,14 @@ def test_report_reads_the_committed_results_and_names_the_cpu_on_every_row(name,
     assert all(r.endswith(f"| {cpu} |") for r in rows[1:]), rows
 
 
+def test_report_of_two_machines_puts_each_benchmarks_rows_side_by_side(capsys):
+    cli.main(["report", *(str(REPO / f"benchmarks/results/{n}.json") for n in ("cpu2_2026-11-30", "cpu2_2026-11-29"))])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    fp32 = [i for i, r in enumerate(rows) if r.startswith("| DeiT III-S/16 train step, float32, batch 16 |")]
+    assert len(fp32) == 2 and fp32[1] == fp32[0] + 1
+    assert rows[fp32[0]].endswith("| AMD EPYC |") and rows[fp32[1]].endswith("| Intel(R) Xeon(R) Processor |")
+
+
 def test_optimizer_entry_times_the_trainer_optimizer_against_plain_adamw_and_reports_the_ratio():
     from layerscale_jax.bench import trainer
     from layerscale_jax.bench.report import report

@@ -46,6 +46,8 @@ def add_flags(p: argparse.ArgumentParser, fn) -> None:
                 p.add_argument(f"--{field.name}", default=getattr(default, field.name),
                                **({"action": "store_true"} if field.type == "bool" else {"type": TYPES[field.type]}))
             p.add_argument("--set", action="append", metavar="KEY=VALUE", help=HELP["set"])
+        elif param.kind is inspect.Parameter.VAR_POSITIONAL:
+            p.add_argument(name, nargs="+")
         elif default is inspect.Parameter.empty:
             p.add_argument(name)
         elif kind == "bool":
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     if "model" in args:
         kwargs["spec"] = StepSpec(**{k: args[k] for k in ("model", "batch", "dtype", "scan", "remat")},
                                   overrides=parse_overrides(args["set"]))
-    result = fn(**kwargs)
+    varargs = [k for k, prm in inspect.signature(fn).parameters.items() if prm.kind is inspect.Parameter.VAR_POSITIONAL]
+    result = fn(*kwargs.pop(varargs[0]), **kwargs) if varargs else fn(**kwargs)
     print(json.dumps(result, default=float)) if args["json"] else display(args["command"], result)
     sys.stdout.flush()
     return 0

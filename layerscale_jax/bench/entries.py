@@ -305,9 +305,9 @@ entry("optimizer", "layout depth layer_decay leaves ours_s plain_s ratio ratio_p
 
 
 @entry("report")
-def read_report(results_json: str) -> str:
-    """The README Performance table (markdown) from a results file of ``all``."""
-    return report(json.loads(Path(results_json).read_text()))
+def read_report(*results_json: str) -> str:
+    """The README Performance table (markdown) from results files of ``all`` (one per CPU kind, rows side by side)."""
+    return report(*(json.loads(Path(path).read_text()) for path in results_json))
 
 
 SUITE = ("train_step", "ablation", "layerscale", "seeds", "depth", "memory", "pipeline", "xla_options",

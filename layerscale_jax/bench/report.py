@@ -56,17 +56,32 @@ def show(result, columns: tuple = ()) -> None:
             print(f"  {reason}: {result[reason]}")
 
 
-def report(results: dict) -> str:
-    """The README's Performance table (markdown) from a results file of ``all``; each row names its CPU (from the
-    row's or its entry's ``machine``, else the file's)."""
-    e, lines, notes = results["entries"], [], []
+def report(*files: dict) -> str:
+    """The README's Performance table (markdown) from one or more results files of ``all`` (e.g. one per CPU kind):
+    each row names its CPU (from the row's or its entry's ``machine``, else the file's); a benchmark measured in
+    several files gets one row per file, next to each other, in the first file's order."""
+    rows, notes, footers = {}, [], []
+    for results in files:
+        lines, footer = _report_rows(results, notes)
+        for label, line in lines:
+            rows.setdefault(label, []).append(line)
+        footers.append(footer)
+    return "\n".join([
+        "| benchmark | ours | timm | ours / timm | ours / peer | MFU ours / timm | target | CPU |",
+        "|---|---|---|---|---|---|---|---|", *(line for same in rows.values() for line in same), "", *notes,
+        *footers])
+
+
+def _report_rows(results: dict, notes: list) -> tuple[list, str]:
+    """``([(label, markdown row)], footer)`` of one results file; peer labels appended to ``notes``."""
+    e, lines = results["entries"], []
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     vs = lambda r, k: f"**{r[k]:.2f}×** (paired {r[k + '_paired']:.2f}×)" if r.get(k) is not None else ""  # noqa
 
     def row(sources, label, ours, timm="", vs_timm="", vs_peer="", mfu="", target="—"):
         cpu = next((s["machine"]["cpu"] for s in (*sources, results) if "cpu" in s.get("machine", {})), "?")
-        lines.append("|" + "|".join(f" {c} " if c else " " for c in (label, ours, timm, vs_timm, vs_peer, mfu, target,
-                                                                     cpu)) + "|")
+        lines.append((label, "|" + "|".join(f" {c} " if c else " " for c in (label, ours, timm, vs_timm, vs_peer,
+                                                                              mfu, target, cpu)) + "|"))
 
     def step_row(r, entry, label, digits, target):
         timm = "" if r.get("timm_img_per_s") is None else f"{r['timm_img_per_s']:.{digits}f} img/s"
@@ -122,13 +137,11 @@ def report(results: dict) -> str:
                 "**" + ", ".join(f"{r['ratio']:.2f}" for r in rs) + "×**", target="≤ 1.2×")
     m = results.get("machine", {})
     commands = [c for c in [results.get("command")] + [r.get("command") for r in results.get("reruns", [])] if c]
-    return "\n".join([
-        "| benchmark | ours | timm | ours / timm | ours / peer | MFU ours / timm | target | CPU |",
-        "|---|---|---|---|---|---|---|---|", *lines, "", *notes,
+    return lines, " ".join([
         *(["Command(s): " + "; then ".join(f"`{c}`" for c in commands) + "."] if commands else []),
         f"Measured {results.get('started', '?')} on {m.get('cpu', '?')} ({m.get('cpu_threads', '?')} threads, "
         f"{m.get('backend', '?')}), jax {m.get('jax', '?')}; load average {results.get('load_average_start')} at the "
-        f"start, {results.get('load_average_end')} at the end."])
+        f"start, {results.get('load_average_end')} at the end.\n"])
 
 
 def summarize(results: dict) -> dict:
