@@ -264,7 +264,7 @@ def test_float_model_fields_stay_floats():
 
 # -- exporting a training workdir ---------------------------------------------------------------------------------
 
-def test_a_training_workdir_exports_to_timm(tmp_path):
+def test_a_training_workdir_exports_to_timm(tmp_path, capsys):
     import importlib.util
 
     import jax
@@ -300,3 +300,16 @@ def test_a_training_workdir_exports_to_timm(tmp_path):
     assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--ema"]) == 2
     assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "7"]) == 2
     assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "2"]) == 0
+    step_2 = load_file(str(out))
+
+    # A checkpoint whose files no longer match the digests the run recorded is never exported: the newest corrupt
+    # one is skipped (the export is step 2's), asking for it by step is an error naming the step and the damage.
+    for path in sorted(state_dir.rglob("*")):
+        if path.is_file() and path.stat().st_size > 64:
+            path.write_bytes(path.read_bytes()[:-1] + bytes([path.read_bytes()[-1] ^ 1]))
+            break
+    assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out)]) == 0
+    assert all(np.array_equal(load_file(str(out))[k], step_2[k]) for k in step_2)
+    capsys.readouterr()
+    assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "3"]) == 2
+    assert "step 3: 0 file(s) missing, 1 changed" in capsys.readouterr().err

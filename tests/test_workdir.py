@@ -221,8 +221,8 @@ def test_workdir_files_go_through_epath_so_gs_urls_work(tmp_path, monkeypatch):
         step_dir = workdir / "checkpoints" / "3" / "state"
         step_dir.mkdir(parents=True)
         (step_dir / "data").write_bytes(b"weights")
-        from layerscale_jax.train.checkpoint import _file_digests
-        digests = _file_digests(workdir / "checkpoints" / "3")
+        from layerscale_jax.checksums import file_digests
+        digests = file_digests(workdir / "checkpoints" / "3")
     local_run = tmp_path / "bucket" / "bucket" / "run"
     assert (local_run / "config.json").exists() and not (local_run / "lock.json").exists()
     assert (local_run / "metrics.jsonl").read_text() == '{"step": 1}\n'

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from layerscale_jax.checksums import corruption
 from layerscale_jax.convert.files import flatten_tensors, is_timm_file, read_state_dict
 from layerscale_jax.convert.naming import (family, is_fused_qkv, ours_to_timm, ours_to_timm_name, qkv_heads_major,
                                           qkv_timm_order, timm_shape, timm_to_ours)
@@ -225,22 +226,30 @@ def is_training_workdir(path: str | Path) -> bool:
 
 
 def workdir_checkpoint(workdir: str | Path, step: int | None = None) -> tuple[int, Path]:
-    """``(step, directory)`` of the newest complete checkpoint of a training workdir (or of ``step``).
+    """``(step, directory)`` of the newest usable checkpoint of a training workdir (or of ``step``).
 
-    Complete: orbax finished writing it (its directory has its final, numeric name) and it holds both the train
-    state and the config. Raises ``FileNotFoundError`` naming the workdir when there is none.
+    Usable: orbax finished writing it (its directory has its final, numeric name), it holds both the train state and
+    the config, and its files still match the SHA-256 digests the run recorded (``checkpoints/meta/<step>/``). A
+    corrupt newest checkpoint is skipped with a warning, as a resumed run would; a corrupt ``step`` is an error.
+    Raises ``FileNotFoundError`` naming the workdir when there is none.
     """
     root = Path(workdir) / CHECKPOINTS_DIR
     steps = sorted((int(d.name) for d in root.iterdir() if d.name.isdigit() and (d / "state").is_dir()
                     and (d / "config").is_dir()), reverse=True) if root.is_dir() else []
-    if step is not None:
-        if step not in steps:
-            raise FileNotFoundError(f"training workdir {str(workdir)!r} has no complete checkpoint at step {step} "
-                                    f"(complete steps: {sorted(steps)})")
-        return step, root / str(step)
-    if not steps:
-        raise FileNotFoundError(f"training workdir {str(workdir)!r} has no complete checkpoint in {str(root)!r}")
-    return steps[0], root / str(steps[0])
+    if step is not None and step not in steps:
+        raise FileNotFoundError(f"training workdir {str(workdir)!r} has no complete checkpoint at step {step} "
+                                f"(complete steps: {sorted(steps)})")
+    corrupt = {}
+    for candidate in [step] if step is not None else steps:
+        reason = corruption(root / str(candidate), root / "meta" / str(candidate) / "checksums.json")
+        if reason is None:
+            return candidate, root / str(candidate)
+        corrupt[candidate] = reason
+        log.warning("%s: the checkpoint at step %d is corrupt (%s); skipped", workdir, candidate, reason)
+    if corrupt:
+        raise ValueError(f"training workdir {str(workdir)!r}: no usable checkpoint; corrupt: "
+                         + "; ".join(f"step {s}: {r}" for s, r in corrupt.items()))
+    raise FileNotFoundError(f"training workdir {str(workdir)!r} has no complete checkpoint in {str(root)!r}")
 
 
 def workdir_config(workdir: str | Path, step: int | None = None) -> dict:

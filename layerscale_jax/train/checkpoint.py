@@ -22,7 +22,6 @@ Saves: a state with a non-finite parameter is never saved; a failed save (disk f
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocm
 
+from layerscale_jax.checksums import corruption, file_digests
 from layerscale_jax.cli import UserError
 
 log = logging.getLogger(__name__)
@@ -96,25 +96,6 @@ def _all_processes_ok(ok: bool) -> bool:
     return bool(np.all(multihost_utils.process_allgather(np.array([ok]))))
 
 
-def _files(root: epath.Path):
-    for child in sorted(root.iterdir()):
-        if child.is_dir():
-            yield from _files(child)
-        else:
-            yield child
-
-
-def _file_digests(root: epath.Path) -> dict[str, str]:
-    digests = {}
-    for path in _files(root):
-        sha = hashlib.sha256()
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 24), b""):
-                sha.update(chunk)
-        digests[str(path.relative_to(root))] = sha.hexdigest()
-    return digests
-
-
 class Checkpointer:
     def __init__(self, directory, *, keep: int, best_metric: str = "test_accuracy", best_mode: str = "max"):
         """Keeps the newest ``keep`` checkpoints and the best by ``best_metric`` (``best_mode`` 'max': higher is
@@ -160,7 +141,7 @@ class Checkpointer:
         for step in sorted(steps):
             checksums = self._meta(step) / "checksums.json"
             if not checksums.exists():
-                self._write_json(checksums, _file_digests(self.directory / str(step)))
+                self._write_json(checksums, file_digests(self.directory / str(step)))
         meta_root = self.directory / "meta"
         if meta_root.exists():
             for child in meta_root.iterdir():
@@ -169,17 +150,7 @@ class Checkpointer:
 
     def _verify(self, step: int) -> str | None:
         """Process 0: why ``step`` is corrupt, or None (also None for a finalised step never sealed)."""
-        checksums = self._meta(step) / "checksums.json"
-        if not checksums.exists():
-            return None
-        expected = json.loads(checksums.read_text())
-        actual = _file_digests(self.directory / str(step))
-        missing = sorted(set(expected) - set(actual))
-        changed = sorted(f for f in expected if f in actual and actual[f] != expected[f])
-        if missing or changed:
-            return (f"{len(missing)} file(s) missing, {len(changed)} changed since it was written"
-                    f" (e.g. {(missing + changed)[0]})")
-        return None
+        return corruption(self.directory / str(step), self._meta(step) / "checksums.json")
 
     def _quarantine(self, step: int, reason: str) -> None:
         if jax.process_index() == 0:
