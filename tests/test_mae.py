@@ -124,7 +124,7 @@ def test_init_from_another_architecture_lists_every_mismatched_parameter(tmp_pat
     assert "hint: the source has embed_dim=16, the model embed_dim=32" in message
 
 
-def test_mae_pretraining_runs_in_the_train_loop_on_a_sharded_mesh(tmp_path):
+def test_mae_pretraining_runs_in_the_train_loop_on_a_sharded_mesh(tmp_path, capsys):
     """Masking, the encoder on visible patches and the loss under data parallelism; the evaluation writes the
     reconstruction PNG and the results carry the reconstruction loss."""
     import json
@@ -148,5 +148,6 @@ def test_mae_pretraining_runs_in_the_train_loop_on_a_sharded_mesh(tmp_path):
     config.train.mesh.data = 4
     results = train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:4])
     assert np.isfinite(results["test_loss"]) and "test_accuracy" not in results
+    assert f"| test_loss {results['test_loss']:.4g} |" in capsys.readouterr().err      # on the console's line
     assert (tmp_path / "reconstructions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "results.json").read_text())["test_examples"] == 16

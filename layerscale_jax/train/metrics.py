@@ -37,7 +37,7 @@ class MetricsWriter:
             self.tb.add_scalar(key, float(value), int(step))
 
     def progress(self, step: int, scalars: dict[str, float]) -> None:
-        """One console line: step, loss, lr, throughput and ETA."""
+        """One console line: step, loss, lr, throughput, the evaluation's accuracy and loss (MAE: loss only), ETA."""
         if not self.enabled:
             return
         if self.start_step is None:
@@ -49,7 +49,7 @@ class MetricsWriter:
         filled = int(width * step / max(self.total_steps, 1))
         bar = "#" * filled + "." * (width - filled)
         parts = [f"[{bar}] {step}/{self.total_steps}"]
-        for key in ("train_loss", "learning_rate", "grad_norm", "img_per_s", "test_accuracy"):
+        for key in ("train_loss", "learning_rate", "grad_norm", "img_per_s", "test_accuracy", "test_loss"):
             if key in scalars:
                 parts.append(f"{key} {scalars[key]:.4g}")
         parts.append(f"ETA {_fmt_seconds(eta)}")
