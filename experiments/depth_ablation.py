@@ -411,7 +411,7 @@ def write_table(records: list[dict], path: str, title: str) -> str:
     return table
 
 
-def write_lr_table(records: list[dict], path: str) -> str:
+def write_lr_table(records: list[dict], path: str, command: str | None = None) -> str:
     schemes = [s for s in (x.name for x in SCHEMES) if any(r["scheme"] == s for r in records)]
     rates = sorted({r["learning_rate"] for r in records})
     lines = ["| learning rate | " + " | ".join(schemes) + " |", "|---|" + "---|" * len(schemes)]
@@ -421,7 +421,8 @@ def write_lr_table(records: list[dict], path: str) -> str:
     table = "\n".join(lines) + "\n"
     depth = records[0]["depth"] if records else "?"
     with open(path, "w") as f:
-        f.write(f"Final test accuracy (%) at depth {depth} per learning rate (seed 0)\n\n" + table)
+        f.write(f"Final test accuracy (%) at depth {depth} per learning rate (seed 0)\n\n"
+                + (f"Command: `{command}`\n\n" if command else "") + table)
     return table
 
 
@@ -542,13 +543,13 @@ def plot_ratio_init_end(records: list[dict], depth: int, path: str) -> None:
     plt.close(fig)
 
 
-def write_reports(out: str, command: str | None = None) -> dict[str, str]:
-    """Every output from the finished records in ``out`` (and its ``lr_sweep/``); returns {what: path}."""
-    sweep = load_records(out)
+def write_reports(out: str, command: str | None = None, lr_sweep: bool = False) -> dict[str, str]:
+    """The outputs of the grid's finished records in ``out`` (``lr_sweep``: of ``out/lr_sweep/``'s instead), each
+    table headed by ``command``, the command that produced it; returns {what: path}."""
     lr_dir = os.path.join(out, "lr_sweep")
-    lr_sweep = load_records(lr_dir)
-    if not sweep and not lr_sweep:
-        raise FileNotFoundError(f"no finished runs under {os.path.join(out, 'runs')} or {lr_dir}")
+    sweep, lr_records = ([], load_records(lr_dir)) if lr_sweep else (load_records(out), [])
+    if not sweep and not lr_records:
+        raise FileNotFoundError(f"no finished runs under {os.path.join(lr_dir if lr_sweep else out, 'runs')}")
     paths = {}
     if sweep:
         paths["csv"] = os.path.join(out, "results.csv")
@@ -565,11 +566,11 @@ def write_reports(out: str, command: str | None = None) -> dict[str, str]:
         plot_scale_heatmap(sweep, deepest, paths["scale_heatmap"])
         paths["ratio_init_end"] = os.path.join(out, f"ratio_init_end_depth{deepest}.png")
         plot_ratio_init_end(sweep, deepest, paths["ratio_init_end"])
-    if lr_sweep:
+    if lr_records:
         paths["lr_csv"] = os.path.join(lr_dir, "results.csv")
-        write_csv(lr_sweep, paths["lr_csv"])
+        write_csv(lr_records, paths["lr_csv"])
         paths["lr_table"] = os.path.join(lr_dir, "table.md")
-        write_lr_table(lr_sweep, paths["lr_table"])
+        write_lr_table(lr_records, paths["lr_table"], command)
     return paths
 
 
@@ -663,7 +664,7 @@ def main(argv=None) -> None:
             specs = grid(depths, schemes, seeds, rates, sorted(depths)[-2:])
         run_sweep(specs, sizing, os.path.join(args.out, "lr_sweep") if args.lr_sweep else args.out, args.dataset,
                   args.data_dir)
-    for what, path in write_reports(args.out, command).items():
+    for what, path in write_reports(args.out, command, lr_sweep=args.lr_sweep).items():
         print(f"{what}: {path}")
 
 

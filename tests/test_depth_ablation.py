@@ -127,3 +127,17 @@ def test_sweep_estimate_adds_fixed_and_per_step_costs_linear_in_depth():
     specs = [da.RunSpec(12, "none", True, 0, 1e-3), da.RunSpec(48, "none", True, 0, 1e-3)]
     # per step 0.01 s per block; fixed 1 + 2 + 4 × 0.5 = 5 s
     assert da.estimate_sweep_seconds(costs, specs, sizing) == pytest.approx(2 * 5 + 100 * 0.01 * (12 + 48))
+
+
+def test_each_table_names_the_command_that_produced_it(sweep, tmp_path):
+    """An lr sweep writes only its own outputs, headed by its command; the grid's table keeps the grid's command."""
+    import shutil
+    out = str(tmp_path / "copy")
+    shutil.copytree(sweep[0], out)
+    shutil.copytree(os.path.join(out, "runs"), os.path.join(out, "lr_sweep", "runs"))
+    paths = da.write_reports(out, command="the lr sweep", lr_sweep=True)
+    assert set(paths) == {"lr_csv", "lr_table"}
+    with open(paths["lr_table"]) as f:
+        assert "Command: `the lr sweep`" in f.read()
+    with open(os.path.join(out, "table.md")) as f:
+        assert "Command: `pytest`" in f.read()
