@@ -70,11 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true", help="print one JSON object")
     args = vars(parser.parse_args(argv))
     fn = ENTRIES[args["command"]][0]
-    kwargs = {k: v for k, v in args.items() if k in inspect.signature(fn).parameters}
+    params = inspect.signature(fn).parameters
+    kwargs = {k: v for k, v in args.items() if k in params}
     if "model" in args:
         kwargs["spec"] = StepSpec(**{k: args[k] for k in ("model", "batch", "dtype", "scan", "remat")},
                                   overrides=parse_overrides(args["set"]))
-    varargs = [k for k, prm in inspect.signature(fn).parameters.items() if prm.kind is inspect.Parameter.VAR_POSITIONAL]
+    varargs = [k for k, prm in params.items() if prm.kind is inspect.Parameter.VAR_POSITIONAL]
     result = fn(*kwargs.pop(varargs[0]), **kwargs) if varargs else fn(**kwargs)
     print(json.dumps(result, default=float)) if args["json"] else display(args["command"], result)
     sys.stdout.flush()

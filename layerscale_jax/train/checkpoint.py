@@ -142,10 +142,10 @@ class Checkpointer:
             checksums = self._meta(step) / "checksums.json"
             if not checksums.exists():
                 self._write_json(checksums, file_digests(self.directory / str(step)))
-        meta_root = self.directory / "meta"
+        meta_root, newest = self.directory / "meta", max(steps, default=-1)
         if meta_root.exists():
             for child in meta_root.iterdir():
-                if child.name.isdigit() and int(child.name) not in steps and int(child.name) < max(steps, default=-1):
+                if child.name.isdigit() and int(child.name) not in steps and int(child.name) < newest:
                     child.rmtree()
 
     def _verify(self, step: int) -> str | None:
