@@ -18,7 +18,9 @@ identical across schemes except the one varied (``SIZING`` and ``RECIPE`` below)
     python experiments/depth_ablation.py --out experiments/results/depth_ablation
 
 ``--quick`` runs a tiny grid in minutes (to check the pipeline); ``--lr_sweep`` trains every scheme at one depth
-over ``LR_SWEEP_RATES`` into ``OUT/lr_sweep/`` (how the shared learning rate is chosen). Each run's record is written to
+over ``LR_SWEEP_RATES`` into ``OUT/lr_sweep/`` (how the shared learning rate is chosen); ``--per_scheme_lr`` then
+trains the grid with each scheme at its own best rate from that sweep, its runs beside the shared-rate ones in
+``OUT/runs/`` (a scheme whose best rate is the shared one reuses them) and its outputs in ``OUT/per_scheme_lr/``. Each run's record is written to
 ``OUT/runs/<run id>.json`` when it ends; a run whose record exists is skipped, so the driver resumes across
 sessions. A run whose loss or gradient norm turns non-finite stops there and is recorded with ``diverged=True``.
 
@@ -543,28 +545,56 @@ def plot_ratio_init_end(records: list[dict], depth: int, path: str) -> None:
     plt.close(fig)
 
 
-def write_reports(out: str, command: str | None = None, lr_sweep: bool = False) -> dict[str, str]:
+def select_rates(records: list[dict], rates) -> list[dict]:
+    """The records trained at ``rates``: one rate for every scheme, ``{scheme: rate}``, or None (all records).
+
+    A table cell averages seeds; it must never average learning rates too, so a (scheme, warm-up) column left with
+    runs at several rates is an error that names them."""
+    if rates is not None:
+        rate = rates.get if isinstance(rates, dict) else (lambda scheme: rates)
+        records = [r for r in records if math.isclose(r["learning_rate"], rate(r["scheme"]) or math.nan)]
+    mixed = {}
+    for r in records:
+        mixed.setdefault((r["scheme"], r["warmup"]), set()).add(r["learning_rate"])
+    mixed = {_label(*c): sorted(v) for c, v in mixed.items() if len(v) > 1}
+    if mixed:
+        raise ValueError(f"runs at several learning rates in one column: {mixed}; choose them with --learning_rate "
+                         f"or --per_scheme_lr")
+    return records
+
+
+def write_reports(out: str, command: str | None = None, lr_sweep: bool = False, rates=None,
+                  report_dir: str | None = None) -> dict[str, str]:
     """The outputs of the grid's finished records in ``out`` (``lr_sweep``: of ``out/lr_sweep/``'s instead), each
-    table headed by ``command``, the command that produced it; returns {what: path}."""
+    table headed by ``command``, the command that produced it; returns {what: path}.
+
+    ``rates`` selects the grid's runs by learning rate (``select_rates``); ``report_dir`` (default ``out``) is where
+    the grid's outputs go (``--per_scheme_lr`` writes to ``out/per_scheme_lr/`` from the same runs)."""
     lr_dir = os.path.join(out, "lr_sweep")
-    sweep, lr_records = ([], load_records(lr_dir)) if lr_sweep else (load_records(out), [])
+    sweep, lr_records = ([], load_records(lr_dir)) if lr_sweep else (select_rates(load_records(out), rates), [])
     if not sweep and not lr_records:
-        raise FileNotFoundError(f"no finished runs under {os.path.join(lr_dir if lr_sweep else out, 'runs')}")
+        raise FileNotFoundError(f"no finished runs under {os.path.join(lr_dir if lr_sweep else out, 'runs')}"
+                                + (f" at learning rate(s) {rates}" if rates is not None and not lr_sweep else ""))
     paths = {}
     if sweep:
-        paths["csv"] = os.path.join(out, "results.csv")
+        report_dir = report_dir or out
+        os.makedirs(report_dir, exist_ok=True)
+        paths["csv"] = os.path.join(report_dir, "results.csv")
         write_csv(sweep, paths["csv"])
-        paths["table"] = os.path.join(out, "table.md")
+        paths["table"] = os.path.join(report_dir, "table.md")
+        per_scheme = ", ".join(f"{s} {lr:g}" for s, lr in rates.items()) if isinstance(rates, dict) else None
         write_table(sweep, paths["table"], f"Final test accuracy (%) on {sweep[0]['dataset']}, mean ± std over "
-                                           f"seeds" + (f"\n\nCommand: `{command}`" if command else ""))
+                                           f"seeds" + (f", each scheme at its own learning rate ({per_scheme})"
+                                                       if per_scheme else "")
+                                           + (f"\n\nCommand: `{command}`" if command else ""))
         deepest = max(r["depth"] for r in sweep)
-        paths["acc_vs_depth"] = os.path.join(out, "acc_vs_depth.png")
+        paths["acc_vs_depth"] = os.path.join(report_dir, "acc_vs_depth.png")
         plot_accuracy_vs_depth(sweep, paths["acc_vs_depth"])
-        paths["loss_curves"] = os.path.join(out, f"loss_curves_depth{deepest}.png")
+        paths["loss_curves"] = os.path.join(report_dir, f"loss_curves_depth{deepest}.png")
         plot_loss_curves(sweep, deepest, paths["loss_curves"])
-        paths["scale_heatmap"] = os.path.join(out, f"scale_heatmap_depth{deepest}.png")
+        paths["scale_heatmap"] = os.path.join(report_dir, f"scale_heatmap_depth{deepest}.png")
         plot_scale_heatmap(sweep, deepest, paths["scale_heatmap"])
-        paths["ratio_init_end"] = os.path.join(out, f"ratio_init_end_depth{deepest}.png")
+        paths["ratio_init_end"] = os.path.join(report_dir, f"ratio_init_end_depth{deepest}.png")
         plot_ratio_init_end(sweep, deepest, paths["ratio_init_end"])
     if lr_records:
         paths["lr_csv"] = os.path.join(lr_dir, "results.csv")
@@ -652,19 +682,23 @@ def main(argv=None) -> None:
         return
     if not args.report:
         schemes = tuple(args.schemes or DEFAULT_SCHEMES)
+    rates = args.learning_rate
+    if args.per_scheme_lr:
+        rates = best_learning_rates(os.path.join(args.out, "lr_sweep"), tuple(args.schemes or DEFAULT_SCHEMES))
+        print("learning rate per scheme (from the lr sweep): " + json.dumps(rates))
+    if not args.report:
+        schemes = tuple(args.schemes or DEFAULT_SCHEMES)
         if args.lr_sweep:
             specs = lr_sweep_grid(schemes, (args.depths or [LR_SWEEP_DEPTH])[0], LR_SWEEP_RATES)
         else:
             depths = tuple(args.depths or (QUICK_DEPTHS if args.quick else DEPTHS))
             seeds = tuple(args.seeds if args.seeds is not None else ((0,) if args.quick else SEEDS))
-            rates = (best_learning_rates(os.path.join(args.out, "lr_sweep"), schemes) if args.per_scheme_lr
-                     else args.learning_rate)
-            if args.per_scheme_lr:
-                print("learning rate per scheme (from the lr sweep): " + json.dumps(rates))
             specs = grid(depths, schemes, seeds, rates, sorted(depths)[-2:])
         run_sweep(specs, sizing, os.path.join(args.out, "lr_sweep") if args.lr_sweep else args.out, args.dataset,
                   args.data_dir)
-    for what, path in write_reports(args.out, command, lr_sweep=args.lr_sweep).items():
+    report_dir = os.path.join(args.out, "per_scheme_lr") if args.per_scheme_lr else None
+    for what, path in write_reports(args.out, command, lr_sweep=args.lr_sweep, rates=rates,
+                                    report_dir=report_dir).items():
         print(f"{what}: {path}")
 
 

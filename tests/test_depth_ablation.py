@@ -141,3 +141,28 @@ def test_each_table_names_the_command_that_produced_it(sweep, tmp_path):
         assert "Command: `the lr sweep`" in f.read()
     with open(os.path.join(out, "table.md")) as f:
         assert "Command: `pytest`" in f.read()
+
+
+def test_a_table_never_averages_learning_rates_and_per_scheme_rates_report_apart(sweep, tmp_path):
+    """Runs at another rate beside the grid's (what ``--per_scheme_lr`` adds to ``OUT/runs``) are kept out of the
+    shared-rate table, reported on their own in ``report_dir``, and a column mixing rates is an error."""
+    import json
+    import shutil
+    out = str(tmp_path / "mixed")
+    shutil.copytree(sweep[0], out)
+    record = {r["scheme"]: r for r in da.load_records(out)}["none"]
+    record["learning_rate"], record["final_test_accuracy"] = 2e-3, 0.5
+    with open(os.path.join(out, "runs", "extra.json"), "w") as f:
+        json.dump(record, f)
+    with pytest.raises(ValueError, match=r"several learning rates in one column: \{'none': \[0.002, 0.005\]\}"):
+        da.write_reports(out)
+    shared = da.write_reports(out, rates=5e-3)
+    assert sorted(r["scheme"] for r in read_rows(shared["csv"])) == ["layerscale", "none"]
+    rates = {"none": 2e-3, "layerscale": 5e-3, "skipinit": 1e30}
+    own = da.write_reports(out, command="per scheme", rates=rates, report_dir=os.path.join(out, "per_scheme_lr"))
+    assert os.path.dirname(own["table"]) == os.path.join(out, "per_scheme_lr")
+    rows = {r["scheme"]: r for r in read_rows(own["csv"])}
+    assert set(rows) == {"none", "layerscale", "skipinit"} and rows["none"]["final_test_accuracy"] == "0.5"
+    table = open(own["table"]).read()
+    assert "each scheme at its own learning rate (none 0.002, layerscale 0.005, skipinit 1e+30)" in table
+    assert "| 1 | 50.0 |" in table
