@@ -80,19 +80,10 @@ def bench_optimizer(config: str = DEFAULT_CONFIG, depths: tuple[int, ...] = DEFA
                              "optimizer": c.optim.name, "layer_groups": len(bundle.rows), **row})
                 print(f"  {layout:>8} depth {depth:>3} layer decay {decay:<4g} ours {row['ours_s'] * 1e3:8.2f} ms  "
                       f"plain {row['plain_s'] * 1e3:8.2f} ms  ratio {row['ratio']:.2f}", flush=True)
-    growth = {}
-    for layout in layouts:
-        for decay in layer_decays:
-            by_depth = {r["depth"]: r for r in rows if r["layout"] == layout and r["layer_decay"] == decay}
-            lo, hi = by_depth[min(by_depth)], by_depth[max(by_depth)]
-            if lo is not hi:
-                growth[f"{layout}_{decay:g}"] = {"depths": [lo["depth"], hi["depth"]], **{
-                    k: hi[v] / lo[v] for k, v in (("time", "ours_s"), ("leaves", "leaves"),
-                                                  ("state_nodes", "state_nodes"))}}
     worst = max(r["ratio"] for r in rows)
     return {"benchmark": "optimizer", "config": config, "rows": rows, "worst_ratio": worst,
             "target_ratio": TARGET_OPTIMIZER_RATIO, "target_met": worst <= TARGET_OPTIMIZER_RATIO,
-            "growth_hi_over_lo": growth, "machine": timing.machine_info()}
+            "machine": timing.machine_info()}
 
 
 def measure_trainer_step(config_spec: str, *, repeats: int = 5, min_repeat_s: float = 0.5) -> dict:
