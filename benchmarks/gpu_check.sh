@@ -15,6 +15,7 @@
 #   b16_cudnn    the same with cuDNN flash attention (jax.nn.dot_product_attention(implementation="cudnn"))
 #   s16_bf16     DeiT III-S/16, bf16, batch 256, vs timm
 #   b16_scan     DeiT III-B/16, bf16, batch 256, scanned layers (compile time and step time)
+#   seeds        the depth-ablation model: 8 seeds in one vmapped step vs one after another
 #   tests        tests/test_models.py tests/test_layers.py [tests/test_convert.py] on the GPU
 set -u
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -111,6 +112,8 @@ step s16_bf16 100 "$PY" -m layerscale_jax.bench train_step --model deit3_small_p
 
 step b16_scan 90 "$PY" -m layerscale_jax.bench train_step --model deit3_base_patch16_224 --batch "$BATCH" "${SHAPE[@]}" \
   --dtype bfloat16 --scan --repeats 3 --json
+
+step seeds 60 "$PY" -m layerscale_jax.bench seeds --num-seeds 8 --repeats 5 --json
 
 # The tests, on the GPU (conftest defaults JAX_PLATFORMS to cpu; override it). test_convert only if it imports.
 TESTS="tests/test_models.py tests/test_layers.py"

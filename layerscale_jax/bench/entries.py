@@ -79,7 +79,8 @@ def matmul(n: int | None = None) -> dict:
     """The matmul peak (the MFU denominator) of jax and torch on this device, float32 and bfloat16."""
     out = {"jax": {dt: timing.matmul_peak(dt, n) for dt in DTYPES}, "torch": "torch not importable"}
     try:
-        out["torch"] = {dt: timing.matmul_peak(dt, n, torch_device="cpu") for dt in DTYPES}
+        device = "cpu" if jax.default_backend() == "cpu" else "cuda"     # timm's side runs on the same device
+        out["torch"] = {dt: timing.matmul_peak(dt, n, torch_device=device) for dt in DTYPES}
     except ImportError:
         pass
     return out
