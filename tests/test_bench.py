@@ -238,3 +238,12 @@ def test_layerscale_times_both_branch_scalings_alternately_and_reports_the_overh
     (row,) = bench_layerscale(repeats=3, cases=[("toy", 2, dict(TOY, init_values="auto"))])["rows"]
     assert row["layerscale_step_s"] > 0 and row["none_step_s"] > 0 and -0.5 < row["overhead"] < 0.5
     assert row["variants"]["layerscale"]["bytes_accessed"] > row["variants"]["none"]["bytes_accessed"] > 0
+
+
+def test_results_files_of_two_cpu_kinds_never_share_a_name():
+    from layerscale_jax.bench.entries import results_name
+    amd = {"backend": "cpu", "cpu": "AMD EPYC", "cpu_threads": 2, "device": "cpu"}
+    intel = {**amd, "cpu": "Intel(R) Xeon(R) Processor"}
+    h200 = {"backend": "gpu", "cpu": "AMD EPYC", "cpu_threads": 16, "device": "NVIDIA H200"}
+    assert [results_name(m) for m in (amd, intel, h200)] == ["cpu2-amd-epyc", "cpu2-intel-xeon-processor",
+                                                             "gpu-nvidia-h200"]

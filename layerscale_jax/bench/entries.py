@@ -311,6 +311,14 @@ def read_report(*results_json: str) -> str:
     return report(*(json.loads(Path(path).read_text()) for path in results_json))
 
 
+def results_name(machine: dict) -> str:
+    """The results file's machine part: the kind of CPU (or accelerator) and the thread count, so that two machine
+    kinds measured on one day never share (and a ``--only`` rerun never merges into) one file."""
+    kind = machine["cpu"] if machine["backend"] == "cpu" else machine["device"]
+    kind = re.sub(r"[^a-z0-9]+", "-", re.sub(r"\((r|tm)\)", "", kind.lower())).strip("-")
+    return f"cpu{machine['cpu_threads']}-{kind}" if machine["backend"] == "cpu" else f"{machine['backend']}-{kind}"
+
+
 SUITE = ("train_step", "ablation", "layerscale", "seeds", "depth", "memory", "pipeline", "xla_options",
          "page_faults", "trainer_step", "optimizer")
 
@@ -318,7 +326,7 @@ SUITE = ("train_step", "ablation", "layerscale", "seeds", "depth", "memory", "pi
 @entry("all")
 def run_all(quick: bool = False, only: tuple[str, ...] | None = None, max_load: float | None = None,
             max_wait_s: float = 600.0, timm_python: str | None = None, pipeline_python: str | None = None) -> dict:
-    """The CPU suite → benchmarks/results/<machine>_<date>.json. ``--quick``: depths 12 and 96 only; ``--only A,B``:
+    """The CPU suite → benchmarks/results/<machine>_<date>.json (``results_name``). ``--quick``: depths 12 and 96 only; ``--only A,B``:
     those entries, merged into the day's file; ``--max-load``: wait (≤ ``--max-wait-s``) for the 1-minute load
     average to drop to it before each entry; ``--pipeline-python``: a Python with tfds and grain for ``pipeline``."""
     from layerscale_jax.bench.timm_worker import check_python
@@ -326,12 +334,11 @@ def run_all(quick: bool = False, only: tuple[str, ...] | None = None, max_load: 
     if unknown := set(only or ()) - set(SUITE):
         raise ValueError(f"--only: unknown entries {sorted(unknown)}; the suite: {','.join(SUITE)}")
     now, t_start = lambda: datetime.datetime.now().isoformat("T", "seconds"), time.time()
-    backend = jax.default_backend()
-    machine = f"cpu{len(os.sched_getaffinity(0))}" if backend == "cpu" else f"{backend}-{jax.devices()[0].device_kind}"
-    path = REPO / f"benchmarks/results/{re.sub(r'[^a-z0-9_-]+', '-', machine.lower())}_{datetime.date.today()}.json"
+    info = timing.machine_info()
+    path = REPO / f"benchmarks/results/{results_name(info)}_{datetime.date.today()}.json"
     command = " ".join(["python -m layerscale_jax.bench", *sys.argv[1:]])
-    results = {"suite": "layerscale_jax.bench all", "started": now(), "command": command,
-               "machine": timing.machine_info(), "load_average_start": timing.load_average(), "entries": {}}
+    results = {"suite": "layerscale_jax.bench all", "started": now(), "command": command, "machine": info,
+               "load_average_start": timing.load_average(), "entries": {}}
     if only and path.exists():
         results = json.loads(path.read_text())
         results.setdefault("reruns", []).append({"entries": list(only), "started": now(), "command": command,
