@@ -166,3 +166,24 @@ def test_a_table_never_averages_learning_rates_and_per_scheme_rates_report_apart
     table = open(own["table"]).read()
     assert "each scheme at its own learning rate (none 0.002, layerscale 0.005, skipinit 1e+30)" in table
     assert "| 1 | 50.0 |" in table
+
+
+def test_readme_depth_ablation_table_quotes_the_committed_tables():
+    """README's numbers are the committed results' (a rerun that changes them must update the README)."""
+    results = os.path.join(da.ROOT, "experiments", "results", "depth_ablation")
+
+    def cells(path):          # {(column, depth): cell} of a committed table.md
+        lines = [ln for ln in open(path).read().splitlines() if ln.startswith("| ")]
+        header = [h.strip() for h in lines[0].split("|")[1:-1]]
+        return {(h, row[0]): v for ln in lines[1:] for row in [[c.strip() for c in ln.split("|")[1:-1]]]
+                for h, v in zip(header[1:], row[1:])}
+    shared, own = cells(os.path.join(results, "table.md")), cells(os.path.join(results, "per_scheme_lr", "table.md"))
+    readme = open(os.path.join(da.ROOT, "README.md")).read().split("## Depth ablation", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in readme.splitlines() if ln.startswith("| `")]
+    columns = {"`none` (pre-norm)": "none", "`layerscale` (CaiT ε)": "layerscale",
+               "`layerscale`, ε = 0.1": "layerscale_eps0.1", "`scalar`": "scalar", "`rezero`": "rezero",
+               "`skipinit`": "skipinit"}
+    assert [r[0] for r in rows] == list(columns)
+    for label, *values in rows:
+        scheme = columns[label]
+        assert values == [shared[(scheme, d)] for d in ("6", "12", "24", "48", "96")] + [own[(scheme, "96")]], label
