@@ -5,7 +5,8 @@
 For each depth and layout it builds a small ViT (width 192, 3 heads, 32×32 images, patch 4, batch 2), splits it into
 graphdef + params (``nnx.split``), and times ``jax.jit(grad_fn).lower(...).compile()`` of the gradient of a mean
 cross-entropy loss over the parameters (the model is ``nnx.merge``d inside the function, so it is a pure function).
-The persistent compilation cache is switched off; a depth-1 compile first warms the backend up; ``--repeats N`` keeps the fastest of N compiles per row.
+The persistent compilation cache is switched off; a depth-1 compile first warms the backend up; ``--repeats N``
+keeps the fastest of N compiles per row.
 Tracing/lowering and XLA compilation are reported separately; ``total`` is their sum, the wall time of
 ``jit(...).lower(...).compile()``; ``cpu_s`` is the process CPU time of the same span (all threads), a steadier
 number on a shared machine. With ``scan_layers=True`` the scan traces one block, so the total should stay

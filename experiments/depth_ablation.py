@@ -17,11 +17,11 @@ identical across schemes except the one varied (``SIZING`` and ``RECIPE`` below)
 
     python experiments/depth_ablation.py --out experiments/results/depth_ablation
 
-``--quick`` runs a tiny grid in minutes (to check the pipeline); ``--lr_sweep`` trains every scheme at one depth
-over ``LR_SWEEP_RATES`` into ``OUT/lr_sweep/`` (how the shared learning rate is chosen); ``--per_scheme_lr`` then
-trains the grid with each scheme at its own best rate from that sweep, its runs beside the shared-rate ones in
-``OUT/runs/`` (a scheme whose best rate is the shared one reuses them) and its outputs in ``OUT/per_scheme_lr/``. Each run's record is written to
-``OUT/runs/<run id>.json`` when it ends; a run whose record exists is skipped, so the driver resumes across
+``--quick`` runs a tiny grid in minutes (to check the pipeline); ``--lr_sweep`` trains every scheme at one depth over
+``LR_SWEEP_RATES`` into ``OUT/lr_sweep/`` (how the shared learning rate is chosen); ``--per_scheme_lr`` then trains the
+grid with each scheme at its own best rate from that sweep, its runs beside the shared-rate ones in ``OUT/runs/`` (a
+scheme whose best rate is the shared one reuses them) and its outputs in ``OUT/per_scheme_lr/``. Each run's record is
+written to ``OUT/runs/<run id>.json`` when it ends; a run whose record exists is skipped, so the driver resumes across
 sessions. A run whose loss or gradient norm turns non-finite stops there and is recorded with ``diverged=True``.
 
 Outputs (regenerated from all finished records at the end, or alone with ``--report``):
@@ -680,8 +680,6 @@ def main(argv=None) -> None:
               f"{_fmt_seconds(estimate_sweep_seconds(costs, specs, sizing))} (an upper bound: seeds 1 and 2 reuse "
               f"compiled programs)")
         return
-    if not args.report:
-        schemes = tuple(args.schemes or DEFAULT_SCHEMES)
     rates = args.learning_rate
     if args.per_scheme_lr:
         rates = best_learning_rates(os.path.join(args.out, "lr_sweep"), tuple(args.schemes or DEFAULT_SCHEMES))

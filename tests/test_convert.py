@@ -243,7 +243,8 @@ def test_cli_converts_to_orbax_and_exports_timm(tmp_path):
     write_state_dict(state_dict, tmp_path / "timm.safetensors")
     arch = [f"--set={k}={v}" for k, v in kwargs.items() if k not in ("img_size", "num_classes")]
     assert convert_main(["--model", name, "--source", str(tmp_path / "timm.safetensors"), "--out",
-                         str(tmp_path / "ckpt"), "--img-size", "32", "--num-classes", "10", "--scan-layers", *arch]) == 0
+                         str(tmp_path / "ckpt"), "--img-size", "32", "--num-classes", "10", "--scan-layers",
+                         *arch]) == 0
     assert convert_main(["--source", str(tmp_path / "ckpt"), "--export-timm", str(tmp_path / "back.npz")]) == 0
     back = read_state_dict(tmp_path / "back.npz")
     assert back.keys() == state_dict.keys() and all(np.array_equal(back[k], state_dict[k]) for k in back)

@@ -95,8 +95,8 @@ def test_block_forward_returns_each_scaled_branch_over_the_stream_it_joins():
     b2 = p["ls2"]["gamma"] * np_mlp(np_layer_norm(x1, p["norm2"]), p["mlp"])
     out, ratios = forward_with_ratios(blk, tokens())
     np.testing.assert_allclose(out, x1 + b2, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(ratios, [np.linalg.norm(b1) / np.linalg.norm(x), np.linalg.norm(b2) / np.linalg.norm(x1)],
-                               rtol=1e-4)
+    expected = [np.linalg.norm(b1) / np.linalg.norm(x), np.linalg.norm(b2) / np.linalg.norm(x1)]
+    np.testing.assert_allclose(ratios, expected, rtol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------------------------

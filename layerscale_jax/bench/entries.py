@@ -326,9 +326,10 @@ SUITE = ("train_step", "ablation", "layerscale", "seeds", "depth", "memory", "pi
 @entry("all")
 def run_all(quick: bool = False, only: tuple[str, ...] | None = None, max_load: float | None = None,
             max_wait_s: float = 600.0, timm_python: str | None = None, pipeline_python: str | None = None) -> dict:
-    """The CPU suite → benchmarks/results/<machine>_<date>.json (``results_name``). ``--quick``: depths 12 and 96
-    only; ``--only A,B``: those entries, merged into the day's file of this machine kind; ``--max-load``: wait (≤ ``--max-wait-s``) for the 1-minute load
-    average to drop to it before each entry; ``--pipeline-python``: a Python with tfds and grain for ``pipeline``."""
+    """The CPU suite → benchmarks/results/<machine>_<date>.json (``results_name``). ``--quick``: depths 12 and 96 only;
+    ``--only A,B``: those entries, merged into the day's file of this machine kind; ``--max-load``: wait (≤
+    ``--max-wait-s``) for the 1-minute load average to drop to it before each entry; ``--pipeline-python``: a Python
+    with tfds and grain for ``pipeline``."""
     from layerscale_jax.bench.timm_worker import check_python
     check_python(timm_python)
     if unknown := set(only or ()) - set(SUITE):

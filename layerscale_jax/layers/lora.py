@@ -345,7 +345,7 @@ def _record(model: nnx.Module) -> dict:
     first = layers[0][1]
     return {"format": "layerscale_jax.lora/v1", "rank": first.lora_rank, "alpha": first.lora_alpha,
             "dropout": first.lora_dropout, "scan_layers": bool(getattr(model.cfg, "scan_layers", False)),
-            "layers": {_name(p): list(l.lora_active) for p, l in layers}}
+            "layers": {_name(p): list(layer.lora_active) for p, layer in layers}}
 
 
 def save_adapters(model: nnx.Module, out_dir: str | Path, *, overwrite: bool = False) -> Path:
@@ -385,7 +385,7 @@ def load_adapters(model: nnx.Module, path: str | Path) -> nnx.Module:
     target = {name: {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=getattr(v, "sharding", None))
                      for k, v in entry.items()} for name, entry in adapter_state(model).items()}
     restored = ocp.StandardCheckpointer().restore(path / "adapters", target)
-    by_name = {_name(p): l for p, l in layers.items()}
+    by_name = {_name(p): layer for p, layer in layers.items()}
     for name, entry in restored.items():
         by_name[name].lora_a[...] = entry["lora_a"]
         by_name[name].lora_b[...] = entry["lora_b"]

@@ -7,5 +7,5 @@ from layerscale_jax.models.registry import create_from_config, create_model, lis
 from layerscale_jax.models.stack import REMAT_POLICIES
 from layerscale_jax.models.vit import VisionTransformer, ViTConfig
 
-__all__ = ["ArchConfig", "CaiT", "CaiTConfig", "MAEConfig", "MaskedAutoencoder", "VisionTransformer", "ViTConfig", "REMAT_POLICIES",
-           "create_from_config", "create_model", "list_models", "model_config"]
+__all__ = ["ArchConfig", "CaiT", "CaiTConfig", "MAEConfig", "MaskedAutoencoder", "VisionTransformer", "ViTConfig",
+           "REMAT_POLICIES", "create_from_config", "create_model", "list_models", "model_config"]

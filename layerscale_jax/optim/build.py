@@ -26,10 +26,10 @@ Why one base optimizer and a multiplier instead of one ``optax.partition`` label
 first design, and the usual way to write layer decay in optax): ``optax.partition`` wraps each label's chain in
 ``optax.masked``, whose state mirrors the *whole* parameter tree with an ``optax.MaskedNode`` at every leaf outside
 the label. With one label per group the optimizer state therefore has ``O(groups × leaves)`` pytree nodes — with
-unrolled layers both grow with depth: 8.9k nodes at depth 12, 122k at depth 48 for 1.4k arrays — and every call of
-the jitted step flattens and rebuilds that tree on the host (17 ms at depth 12, 0.4 s at depth 48 on the 2-core
-development CPU), which made the update cost 14–31× a plain ``optax.adamw`` in the trainer (issue 16). The compiled XLA program was never the
-problem (the same operation count within 3%); each group only added its own step count, bias corrections and
+unrolled layers both grow with depth: 8.9k nodes at depth 12, 122k at depth 48 for 1.4k arrays — and every call of the
+jitted step flattens and rebuilds that tree on the host (17 ms at depth 12, 0.4 s at depth 48 on the 2-core development
+CPU), which made the update cost 14–31× a plain ``optax.adamw`` in the trainer (issue 16). The compiled XLA program was
+never the problem (the same operation count within 3%); each group only added its own step count, bias corrections and
 schedule evaluation. The multiplier gives the same numbers, because every base transformation here acts per
 parameter tensor before the learning rate is applied:
 

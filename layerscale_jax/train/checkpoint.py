@@ -179,7 +179,8 @@ class Checkpointer:
                 (self._meta(step) / "checksums.json").unlink(missing_ok=True)   # left by an earlier attempt
                 self._write_json(self._meta(step) / "window.json", window or [])
             self.manager.save(
-                step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config_json)),
+                step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                              config=ocp.args.JsonSave(config_json)),
                 metrics=metrics, force=force)
         except Exception as err:
             raise self._save_error(step, err) from err

@@ -1,8 +1,8 @@
 """The ``config.train`` and ``config.model`` sections: every field, its default and its meaning.
 
-A full experiment config (see ``configs/``) has four sections (and an optional ``lora``, see ``train.finetune``): ``model`` (registry name plus architecture
-overrides, passed to ``create_model``), ``data`` (``layerscale_jax.data.config``), ``optim``
-(``layerscale_jax.optim.default_config``) and ``train`` (below).
+A full experiment config (see ``configs/``) has four sections (and an optional ``lora``, see ``train.finetune``):
+``model`` (registry name plus architecture overrides, passed to ``create_model``), ``data``
+(``layerscale_jax.data.config``), ``optim`` (``layerscale_jax.optim.default_config``) and ``train`` (below).
 
 ``train`` fields:
   steps               optimizer steps of the run.
