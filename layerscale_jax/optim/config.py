@@ -38,10 +38,8 @@ Fields (``default_config()``; override any of them from the command line, e.g. `
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import math
-
+from typing import TYPE_CHECKING
 
 from layerscale_jax.cli import did_you_mean
 
