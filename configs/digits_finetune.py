@@ -16,7 +16,7 @@ layer_decay, rank.
 import ml_collections
 
 from layerscale_jax.data.config import default_data_config
-from layerscale_jax.layers import lora as lora_lib
+from layerscale_jax import lora as lora_lib
 from layerscale_jax.optim import default_config as default_optim_config
 from layerscale_jax.train.config import default_train_config, model_section, parse_config_arg
 

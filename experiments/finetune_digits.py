@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from layerscale_jax.layers import lora as lora_lib  # noqa: E402
+from layerscale_jax import lora as lora_lib  # noqa: E402
 from layerscale_jax.optim.config import freeze_patterns  # noqa: E402
 from layerscale_jax.train import finetune as finetune_lib  # noqa: E402
 from layerscale_jax.train.config import load_config  # noqa: E402

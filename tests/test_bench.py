@@ -193,16 +193,11 @@ IMPORT_ORDER = ("timing", "flops", "timm_worker", "peer", "step", "profile", "tr
 
 
 def bench_imports(path: Path) -> set[str]:
-    """The ``layerscale_jax.bench`` modules that ``path`` imports anywhere in its code."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module == "layerscale_jax.bench":
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("layerscale_jax.bench."):
-            out.add(node.module.split(".")[2])
-        elif isinstance(node, ast.Import):
-            out.update(a.name.split(".")[2] for a in node.names if a.name.startswith("layerscale_jax.bench."))
-    return out
+    """The ``layerscale_jax.bench`` modules that ``path`` imports anywhere in its code (the package-wide reader of
+    ``test_import_structure``, which also keeps the whole package free of cycles)."""
+    from test_import_structure import imported_modules, package_modules
+    prefix = "layerscale_jax.bench."
+    return {m[len(prefix):] for m in imported_modules(path, set(package_modules())) if m.startswith(prefix)}
 
 
 def test_bench_modules_import_only_modules_before_them_so_there_is_no_cycle():

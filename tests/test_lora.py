@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from layerscale_jax import optim
-from layerscale_jax.layers import lora
+from layerscale_jax import lora
 from layerscale_jax.models import create_model, groups
 from layerscale_jax.models.layout import convert_layout
 from layerscale_jax.train import sharding as shard_lib

@@ -494,6 +494,7 @@ def test_model_optimizer_bench_and_convert_code_needs_no_data_or_config_stack():
         "import sys\n"
         "for name in ('ml_collections', 'tensorflow', 'tensorflow_datasets', 'grain'): sys.modules[name] = None\n"
         "import layerscale_jax.bench.cli, layerscale_jax.bench.peer, layerscale_jax.convert, layerscale_jax.optim\n"
+        "import layerscale_jax.lora\n"
         "from flax import nnx\n"
         "from layerscale_jax import create_model\n"
         "create_model('deit3_small_patch16_224', depth=1, embed_dim=32, num_heads=2, rngs=nnx.Rngs(0))\n"

@@ -1,118 +1,32 @@
-"""LoRA adapters on the dense layers of a model (Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models",
-2021), for parameter-efficient fine-tuning of pre-trained LayerScale ViTs.
-
-A dense layer ``y = x W + b`` (``W`` of shape ``(d_in, d_out)``) gains a rank-``r`` update
+"""The LoRA layer (Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", 2021): a dense layer
+``y = x W + b`` (``W`` of shape ``(d_in, d_out)``) with a rank-``r`` update
 
     y = x (W + (α/r) · A B) + b  =  x W + b + (α/r) · dropout(x) A B           A: (d_in, r),  B: (r, d_out)
-
-initialised as in the paper and HF peft: ``A`` with PyTorch's Linear default ``kaiming_uniform_(a=√5)``, i.e.
-U(−1/√d_in, 1/√d_in), and ``B = 0``, so the adapted model starts as the pre-trained one. Only ``A`` and ``B``
-(and, by choice, the head, the norms and LayerScale's λ) are trained; the base weights are frozen through
-``optim.freeze`` (zero updates and no optimizer state; ``frozen_patterns``).
 
 Where the branch scale of a block is folded into its output layer (``layers.common.linear``:
 ``s ⊙ (x W + b) = x (W diag s) + s ⊙ b``), the adapter folds the same way: ``s ⊙ (α/r) x A B = (α/r) x A (B diag s)``.
 ``B``'s columns follow the kernel's column layout, so on the fused ``qkv`` kernel (heads-major, see
 ``layers.attention``) they are heads-major too, and a ``tensor``-axis split gives each device whole heads of both.
 
-Adapters are chosen by regexes ``re.fullmatch``ed against the unrolled '/'-joined path of each layer's kernel, the
-names ``optim.freeze`` uses (``'blocks/3/attn/qkv/kernel'``), so the same targets work in both block layouts. In the
-scanned layout (``scan_layers=True``) an adapter is stacked on the layer axis like the kernel it adapts (no copy of
-the base); a target matching only some layers of a stacked kernel keeps ``B = 0`` frozen in the others (the
-same function as no adapter there). ``A`` of each layer is drawn from a key folded with its unrolled path, so both
-layouts start from the same adapters.
-
-``merge(model)`` folds ``(α/r) A B`` into ``W`` (outputs unchanged up to float rounding; the adapter is then
-skipped), ``unmerge(model)`` subtracts it again. ``save_adapters`` / ``load_adapters`` write and read only the
-adapters (orbax, plus ``lora.json``); ``summary`` counts trainable and total parameters.
+Only the layer lives here, with what a block needs to run it (``dropout_rng``) and what reading a model's adapters
+needs (``adapted_layers``, ``is_adapter_path``). Adding adapters to a model, merging, freezing, adapter files, the
+``config.lora`` section and parameter counts are fine-tuning: ``layerscale_jax.lora``.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import re
-import zlib
-from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from layerscale_jax.layers.common import torch_conv_uniform
-
-if TYPE_CHECKING:
-    import ml_collections
-
 ADAPTER_NAMES = ("lora_a", "lora_b")
-STACKED_KEY = "blocks"            # the subtree stacked on a layer axis when scan_layers=True
-DEFAULT_TARGETS = (r"blocks/\d+/attn/(qkv|proj)/kernel", r"blocks/\d+/mlp/(fc1|fc2)/kernel")
-# Layers whose forward pass reads the kernel directly (CaiT's talking-heads mixings): an adapter there would be
-# ignored, so they cannot be targeted.
-_UNADAPTABLE = ("proj_l", "proj_w")
 _DROPOUT_STREAM = 0x10A4
 _DROPOUT_KEY: contextvars.ContextVar = contextvars.ContextVar("lora_dropout_key", default=None)
 
-
-# -- configuration -------------------------------------------------------------------------------------------------
-
-def default_config() -> ml_collections.ConfigDict:
-    """``config.lora`` (used when ``train.finetune='lora'``):
-
-    rank              r ≥ 1, at most min(d_in, d_out) of every adapted layer.
-    alpha             α > 0; the update is scaled by α / r.
-    dropout           dropout rate on the adapter's input, in [0, 1) (train mode only).
-    targets           regexes ``re.fullmatch``ed against kernel paths such as 'blocks/3/attn/qkv/kernel'; each
-                      must match at least one dense layer.
-    train_head        also train the classifier head (a new head needs it).
-    train_norms       also train every LayerNorm (scale and bias).
-    train_layerscale  also train LayerScale's λ (and scalar gates).
-    """
-    import ml_collections          # imported here: the model code runs without it (e.g. on a bare GPU machine)
-    return ml_collections.ConfigDict(dict(rank=8, alpha=16.0, dropout=0.0, targets=DEFAULT_TARGETS,
-                                          train_head=True, train_norms=False, train_layerscale=False))
-
-
-def validate_config(config) -> None:
-    """Raise ``ValueError`` naming the field and value for anything wrong in ``config.lora``."""
-    from layerscale_jax.cli import did_you_mean
-
-    known = set(default_config().keys())
-    unknown = sorted(set(config.keys()) - known)
-    if unknown:
-        listed = ", ".join(f"lora.{key}{did_you_mean(key, known)}" for key in unknown)
-        raise ValueError(f"unknown config field(s) {listed}; valid fields of lora: {', '.join(sorted(known))}")
-    rank = config.get("rank", 8)
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"lora.rank={rank!r} must be a positive integer")
-    alpha = config.get("alpha", 16.0)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not np.isfinite(alpha) or alpha <= 0:
-        raise ValueError(f"lora.alpha={alpha!r} must be a finite number > 0")
-    dropout = config.get("dropout", 0.0)
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise ValueError(f"lora.dropout={dropout!r} must lie in [0, 1)")
-    targets = _targets(config.get("targets", DEFAULT_TARGETS))
-    if not targets:
-        raise ValueError("lora.targets is empty: give at least one regex over kernel paths")
-    for pattern in targets:
-        if not isinstance(pattern, str):
-            raise ValueError(f"lora.targets entry {pattern!r} must be a regex string")
-        try:
-            re.compile(pattern)
-        except re.error as err:
-            raise ValueError(f"lora.targets regex {pattern!r} does not compile: {err}") from None
-    for field in ("train_head", "train_norms", "train_layerscale"):
-        if not isinstance(config.get(field, False), bool):
-            raise ValueError(f"lora.{field}={config.get(field)!r} must be a bool")
-
-
-def _targets(targets) -> tuple[str, ...]:
-    return (targets,) if isinstance(targets, str) else tuple(targets or ())
-
-
-# -- the adapted layer ---------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def dropout_rng(key: jax.Array | None):
@@ -128,8 +42,10 @@ def dropout_rng(key: jax.Array | None):
 class LoRALinear(nnx.Linear):
     """An ``nnx.Linear`` with a low-rank adapter: ``x W + b + (α/r) dropout(x) A B`` (see the module docstring).
 
-    Made from an existing layer by ``add_adapters`` (the layer's own kernel and bias Variables are kept, so the
-    parameter paths of the base are unchanged and its weights are not copied); adds ``lora_a``, ``lora_b``.
+    Made from an existing layer by ``layerscale_jax.lora.add_adapters`` (the layer's own kernel and bias Variables
+    are kept, so the parameter paths of the base are unchanged and its weights are not copied); adds ``lora_a``,
+    ``lora_b`` and the attributes ``lora_rank``, ``lora_alpha``, ``lora_scale`` (α/r), ``lora_dropout``,
+    ``lora_site`` (the dropout stream's id), ``lora_active`` (per stacked layer) and ``lora_merged``.
     """
 
     def adapter_delta(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
@@ -159,263 +75,12 @@ def is_adapter_path(path: Sequence) -> bool:
     return last in ADAPTER_NAMES
 
 
-def _name(path) -> str:
-    return "/".join(str(k) for k in path)
-
-
-def _site_id(unrolled_module_path: tuple) -> int:
-    """A layout-independent id of an adapted layer within its block (the path without the layer index)."""
-    parts = [str(k) for k in unrolled_module_path]
-    if len(parts) > 1 and parts[0] == STACKED_KEY and parts[1].isdigit():
-        parts = parts[:1] + parts[2:]
-    return zlib.crc32("/".join(parts).encode()) & 0x7FFFFFFF
-
-
-def _linear_layers(model: nnx.Module) -> list[tuple[tuple, nnx.Linear]]:
+def linear_layers(model: nnx.Module) -> list[tuple[tuple, nnx.Linear]]:
+    """``(module path, layer)`` of every dense layer (``nnx.Linear``, adapted or not) in ``model``."""
     return [(tuple(path), node) for path, node in nnx.iter_graph(model)
             if isinstance(node, nnx.Linear) and path]
 
 
-def _is_stacked(model: nnx.Module, path: tuple) -> bool:
-    return bool(getattr(getattr(model, "cfg", None), "scan_layers", False)) and path[0] == STACKED_KEY
-
-
-def _layer_module_paths(model: nnx.Module, path: tuple) -> list[tuple]:
-    if _is_stacked(model, path):
-        return [(path[0], i) + tuple(path[1:]) for i in range(model.cfg.depth)]
-    return [path]
-
-
-def add_adapters(model: nnx.Module, *, rank: int, alpha: float, dropout: float = 0.0,
-                 targets: Sequence[str] | str = DEFAULT_TARGETS, rngs: nnx.Rngs | int = 0) -> list[str]:
-    """Give every dense layer whose kernel path matches a ``targets`` regex a rank-``rank`` adapter, in place.
-
-    Returns the adapted kernel paths (unrolled names, sorted). Raises ``ValueError`` for a regex that matches no dense
-    layer (naming it and example paths), a rank ≤ 0 or above a matched layer's ``min(d_in, d_out)`` (naming the
-    layer and its shape), a layer that already has an adapter, or a layer whose kernel is read directly.
-    """
-    targets = _targets(targets)
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"lora rank={rank!r} must be a positive integer")
-    if not (isinstance(alpha, (int, float)) and np.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"lora alpha={alpha!r} must be a finite number > 0")
-    if not 0.0 <= float(dropout) < 1.0:
-        raise ValueError(f"lora dropout={dropout!r} must lie in [0, 1)")
-    compiled = []
-    for pattern in targets:
-        try:
-            compiled.append(re.compile(pattern))
-        except re.error as err:
-            raise ValueError(f"lora target regex {pattern!r} does not compile: {err}") from None
-    key = rngs.params() if isinstance(rngs, nnx.Rngs) else jax.random.key(int(rngs))
-
-    used = [False] * len(compiled)
-    examples: list[str] = []
-    plan = []
-    for path, layer in _linear_layers(model):
-        active = []
-        for layer_path in _layer_module_paths(model, path):
-            name = _name(layer_path + ("kernel",))
-            if len(examples) < 6:
-                examples.append(name)
-            hits = [bool(c.fullmatch(name)) for c in compiled]
-            used[:] = [u or h for u, h in zip(used, hits)]
-            active.append(any(hits))
-        if any(active):
-            plan.append((path, layer, active))
-    unused = [p for p, u in zip(targets, used) if not u]
-    if unused:
-        raise ValueError(f"lora target regex(es) {unused} match no dense layer (each is re.fullmatch'ed against "
-                         f"kernel paths such as {examples})")
-
-    adapted = []
-    for path, layer, active in plan:
-        name = _name(path + ("kernel",))
-        if path[-1] in _UNADAPTABLE:
-            raise ValueError(f"lora target {name!r}: the talking-heads mixings (proj_l, proj_w) read their kernel "
-                             "directly and cannot carry an adapter")
-        if isinstance(layer, LoRALinear):
-            raise ValueError(f"lora target {name!r} already has an adapter")
-        d_in, d_out = layer.in_features, layer.out_features
-        if rank > min(d_in, d_out):
-            raise ValueError(f"lora rank={rank} exceeds min(d_in, d_out) = {min(d_in, d_out)} of {name!r} "
-                             f"(kernel {d_in} × {d_out})")
-        layer_paths = _layer_module_paths(model, path)
-        init = torch_conv_uniform(d_in)
-        a = [init(jax.random.fold_in(key, _site_id(p) ^ zlib.crc32(_name(p).encode())), (d_in, rank),
-                  layer.param_dtype) for p in layer_paths]
-        stacked = _is_stacked(model, path)
-        layer.__class__ = LoRALinear
-        layer.lora_a = nnx.Param(jnp.stack(a) if stacked else a[0])
-        layer.lora_b = nnx.Param(jnp.zeros(((len(layer_paths),) if stacked else ()) + (rank, d_out),
-                                           layer.param_dtype))
-        layer.lora_rank = rank
-        layer.lora_alpha = float(alpha)
-        layer.lora_scale = float(alpha) / rank
-        layer.lora_dropout = float(dropout)
-        layer.lora_site = _site_id(path)
-        layer.lora_active = tuple(bool(x) for x in active)
-        layer.lora_merged = False
-        adapted += [_name(p + ("kernel",)) for p, on in zip(layer_paths, active) if on]
-    return sorted(adapted, key=lambda n: [(0, int(k), "") if k.isdigit() else (1, 0, k) for k in n.split("/")])
-
-
-def apply_config(model: nnx.Module, config, rngs: nnx.Rngs | int = 0) -> list[str]:
-    """``add_adapters`` with the fields of a ``config.lora`` section (``default_config()``)."""
-    validate_config(config)
-    return add_adapters(model, rank=config.rank, alpha=config.alpha, dropout=config.dropout,
-                        targets=config.targets, rngs=rngs)
-
-
 def adapted_layers(model: nnx.Module) -> list[tuple[tuple, LoRALinear]]:
-    return [(path, layer) for path, layer in _linear_layers(model) if isinstance(layer, LoRALinear)]
-
-
-# -- training: what is frozen --------------------------------------------------------------------------------------
-
-_NORM = r"(.*/)?(norm\d*|fc_norm|decoder_norm)/(scale|bias)"
-_SCALE = r".*/ls\d/(gamma|alpha)"
-
-
-def frozen_patterns(model: nnx.Module, *, train_head: bool = True, train_norms: bool = False,
-                    train_layerscale: bool = False) -> tuple[str, ...]:
-    """``optim.freeze`` regexes for LoRA fine-tuning: everything but the adapters (and, by choice, the head, the
-    norms and LayerScale's λ) is frozen; so are the adapters of layers a target did not match in a stacked kernel
-    (their ``B`` stays 0)."""
-    if not adapted_layers(model):
-        raise ValueError("the model has no LoRA adapters: call add_adapters (or apply_config) first")
-    keep = [r".*/lora_[ab]"]
-    if train_head:
-        keep.append(r"head/.*")
-    if train_norms:
-        keep.append(_NORM)
-    if train_layerscale:
-        keep.append(_SCALE)
-    patterns = ["(?!(?:" + "|".join(keep) + r")$).*"]
-    for path, layer in adapted_layers(model):
-        for layer_path, on in zip(_layer_module_paths(model, path), layer.lora_active):
-            if not on:
-                patterns.append(re.escape(_name(layer_path)) + r"/lora_[ab]")
-    return tuple(patterns)
-
-
-def linear_probe_patterns() -> tuple[str, ...]:
-    """``optim.freeze`` regexes for a linear probe: everything but the classifier head is frozen."""
-    return (r"(?!head/).*",)
-
-
-# -- merge / unmerge -----------------------------------------------------------------------------------------------
-
-def _delta(layer: LoRALinear) -> jnp.ndarray:
-    a = layer.lora_a[...].astype(jnp.float32)
-    b = layer.lora_b[...].astype(jnp.float32)
-    return layer.lora_scale * jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
-
-
-def merge(model: nnx.Module) -> nnx.Module:
-    """Fold every adapter into its base kernel in place, ``W ← W + (α/r) A B``; the adapters are then skipped, so
-    outputs are unchanged (up to float rounding). Returns ``model``."""
-    for _, layer in adapted_layers(model):
-        if not layer.lora_merged:
-            layer.kernel[...] = (layer.kernel[...].astype(jnp.float32) + _delta(layer)).astype(layer.kernel.dtype)
-            layer.lora_merged = True
-    return model
-
-
-def unmerge(model: nnx.Module) -> nnx.Module:
-    """Undo ``merge``: ``W ← W − (α/r) A B`` and use the adapters again. Returns ``model``."""
-    for _, layer in adapted_layers(model):
-        if layer.lora_merged:
-            layer.kernel[...] = (layer.kernel[...].astype(jnp.float32) - _delta(layer)).astype(layer.kernel.dtype)
-            layer.lora_merged = False
-    return model
-
-
-# -- adapters alone: state, save, load -----------------------------------------------------------------------------
-
-def adapter_state(model: nnx.Module) -> dict:
-    """The adapters as a pure dict ``{'blocks/3/attn/qkv': {'lora_a': A, 'lora_b': B}}`` (module paths in the
-    model's own layout)."""
-    return {_name(path): {"lora_a": layer.lora_a[...], "lora_b": layer.lora_b[...]}
-            for path, layer in adapted_layers(model)}
-
-
-def _record(model: nnx.Module) -> dict:
-    layers = adapted_layers(model)
-    first = layers[0][1]
-    return {"format": "layerscale_jax.lora/v1", "rank": first.lora_rank, "alpha": first.lora_alpha,
-            "dropout": first.lora_dropout, "scan_layers": bool(getattr(model.cfg, "scan_layers", False)),
-            "layers": {_name(p): list(layer.lora_active) for p, layer in layers}}
-
-
-def save_adapters(model: nnx.Module, out_dir: str | Path, *, overwrite: bool = False) -> Path:
-    """Write only the adapters: ``out_dir/adapters`` (orbax) and ``out_dir/lora.json`` (rank, α, layers)."""
-    import orbax.checkpoint as ocp
-
-    if any(layer.lora_merged for _, layer in adapted_layers(model)):
-        raise ValueError("the adapters are merged into the base weights; unmerge(model) before saving them")
-    out = Path(out_dir).absolute()
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(out / "adapters", adapter_state(model), force=overwrite)
-    checkpointer.wait_until_finished()
-    if jax.process_index() == 0:
-        (out / "lora.json").write_text(json.dumps(_record(model), indent=2) + "\n")
-    return out
-
-
-def load_adapters(model: nnx.Module, path: str | Path) -> nnx.Module:
-    """Load adapters written by ``save_adapters`` into a model with the same adapters (``add_adapters`` with the
-    same rank and targets), in place. Mismatched layers, rank or layout raise one ``ValueError``."""
-    import orbax.checkpoint as ocp
-
-    path = Path(path).absolute()
-    record = json.loads((path / "lora.json").read_text())
-    layers = dict(adapted_layers(model))
-    mine = _record(model) if layers else {"layers": {}}
-    problems = []
-    if record["layers"] != mine["layers"]:
-        missing = sorted(set(mine["layers"]) - set(record["layers"]))
-        extra = sorted(set(record["layers"]) - set(mine["layers"]))
-        problems.append(f"adapted layers differ (in the model only: {missing}; in the file only: {extra})")
-    for field in ("rank", "scan_layers"):
-        if layers and record[field] != mine[field]:
-            problems.append(f"{field}: file {record[field]!r}, model {mine[field]!r}")
-    if problems:
-        raise ValueError(f"cannot load adapters {str(path)!r}: " + "; ".join(problems))
-    target = {name: {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=getattr(v, "sharding", None))
-                     for k, v in entry.items()} for name, entry in adapter_state(model).items()}
-    restored = ocp.StandardCheckpointer().restore(path / "adapters", target)
-    by_name = {_name(p): layer for p, layer in layers.items()}
-    for name, entry in restored.items():
-        by_name[name].lora_a[...] = entry["lora_a"]
-        by_name[name].lora_b[...] = entry["lora_b"]
-    return model
-
-
-# -- counting ------------------------------------------------------------------------------------------------------
-
-def parameter_counts(model: nnx.Module, freeze: Iterable[str]) -> dict[str, int]:
-    """``{"total", "trainable", "adapters"}`` parameter counts under the ``freeze`` regexes (``optim.freeze``)."""
-    from layerscale_jax.optim.param_rules import trainable_mask
-
-    mask = trainable_mask(model, tuple(freeze))
-    params = nnx.state(model, nnx.Param)
-    total = trainable = adapters = 0
-    for (path, value), keep in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(mask)):
-        size = int(np.prod(value.shape))
-        keep = np.asarray(keep)
-        per_layer = size // keep.size if keep.ndim else size
-        total += size
-        trainable += per_layer * int(keep.sum())
-        if is_adapter_path(tuple(getattr(k, "key", getattr(k, "name", "")) for k in path if
-                                 getattr(k, "name", None) != "value")):
-            adapters += size
-    return {"total": total, "trainable": trainable, "adapters": adapters}
-
-
-def summary(model: nnx.Module, freeze: Iterable[str]) -> str:
-    """One line: trainable vs total parameters (and the adapters' share) under the ``freeze`` regexes."""
-    c = parameter_counts(model, freeze)
-    share = 100.0 * c["trainable"] / max(c["total"], 1)
-    return (f"{c['trainable']:,} trainable of {c['total']:,} parameters ({share:.2f}%), "
-            f"{c['adapters']:,} in LoRA adapters")
+    """``(module path, layer)`` of every ``LoRALinear`` in ``model``, in graph order."""
+    return [(path, layer) for path, layer in linear_layers(model) if isinstance(layer, LoRALinear)]

@@ -24,8 +24,8 @@ A full experiment config (see ``configs/``) has four sections (and an optional `
   stop_after_steps    0, or stop (saving a checkpoint) after this many steps of this process's run, as if
                       preempted: a way to split a long job into shorter slots.
   finetune            'full' | 'lora' | 'linear_probe': what trains (``train.finetune``); with 'lora' the optional
-                      top-level ``config.lora`` section (``layers.lora.default_config()``) sets rank, α, dropout,
-                      targets and whether the head, norms and LayerScale λ train.
+                      top-level ``config.lora`` section (``layerscale_jax.lora.default_config()``) sets rank, α,
+                      dropout, targets and whether the head, norms and LayerScale λ train.
 
 ``load_config(spec)`` reads a config file (``configs/X.py[:arg]``) and ``validate_experiment_config(config)``
 checks all four sections where the config enters (the command line calls both before anything else starts):

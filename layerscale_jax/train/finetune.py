@@ -1,7 +1,7 @@
 """Fine-tuning modes, chosen by ``config.train.finetune``:
 
     full          every parameter trains (with ``optim.layer_decay`` for MAE/BEiT-style fine-tuning).
-    lora          LoRA adapters (``layers.lora``, configured by the optional ``config.lora`` section, defaults
+    lora          LoRA adapters (``layerscale_jax.lora``, configured by the optional ``config.lora`` section, defaults
                   ``lora.default_config()``) are added to the model; the base is frozen (zero updates, no optimizer
                   state), the adapters and, by ``lora.train_head`` / ``train_norms`` / ``train_layerscale``, the head,
                   the LayerNorms and LayerScale's λ train.
@@ -20,7 +20,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from layerscale_jax.layers import lora as lora_lib
+from layerscale_jax import lora as lora_lib
 from layerscale_jax.optim.config import freeze_patterns
 
 FINETUNE_MODES = ("full", "lora", "linear_probe")

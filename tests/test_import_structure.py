@@ -1,0 +1,108 @@
+"""The package's imports point one way: no import cycle anywhere in ``layerscale_jax`` (counting imports inside
+functions too), and ``layers/`` imports nothing from the subpackages built on top of it. Read statically from the
+source (``ast``), so a lazy import that would close a cycle is caught without running it."""
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "layerscale_jax"
+ABOVE_LAYERS = ("models", "optim", "data", "train", "convert", "bench")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> dict[str, Path]:
+    """``{dotted module name: file}`` of every module of ``layerscale_jax``."""
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The ``layerscale_jax`` modules that the file at ``path`` imports anywhere in its code (module level or inside a
+    function), resolved to modules in ``known``: ``from pkg import sub`` names the submodule when ``sub`` is one, and
+    a dotted import also runs each enclosing package's ``__init__``."""
+    me = module_name(path)
+    own_package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:                                  # relative: from package . (level 1) or .. (level 2)
+                anchor = own_package.split(".")[:len(own_package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    out = set()
+    for name in names:
+        if not name.startswith("layerscale_jax."):
+            continue
+        parts = name.split(".")
+        # every enclosing package's __init__ runs too (the root's, imported first by any import, and one's own
+        # ancestors', already running, are not edges)
+        out.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))
+    return {m for m in out if m in known and not (me == m or me.startswith(m + "."))}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = package_modules()
+    return {name: imported_modules(path, set(modules)) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_reader_sees_imports_inside_functions_and_resolves_submodules():
+    graph = import_graph()
+    assert "layerscale_jax.layers.common" in graph["layerscale_jax.layers.blocks"]
+    assert "layerscale_jax.models" in graph["layerscale_jax"]
+    assert "layerscale_jax.optim.config" in graph["layerscale_jax.train.config"]
+
+
+def test_there_is_no_import_cycle_in_the_package():
+    found = cycles(import_graph())
+    assert not found, "import cycles (each a set of modules that import each other): " + "; ".join(
+        " ↔ ".join(c) for c in found)
+
+
+def test_layers_import_nothing_from_the_packages_built_on_them():
+    above = tuple(f"layerscale_jax.{p}" for p in ABOVE_LAYERS)
+    wrong = {name: sorted(m for m in imports if m.startswith(above))
+             for name, imports in import_graph().items() if name.startswith("layerscale_jax.layers")}
+    assert not {k: v for k, v in wrong.items() if v}
