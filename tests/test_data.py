@@ -153,6 +153,61 @@ def test_digits_split_is_stratified_disjoint_and_complete(data_dir):
     assert np.all((test_share > 0.18) & (test_share <= 0.2))
 
 
+def test_digits_validation_split_is_a_stratified_fifth_of_train_and_the_rest_trains(data_dir):
+    builder = sources.open_builder("digits", data_dir)
+    rows = {split: sorted(int(r["sklearn_index"]) for r in builder.as_data_source(split))
+            for split in ("train", "validation", "train_without_validation")}
+    assert (len(rows["validation"]), len(rows["train_without_validation"])) == (285, 1157)
+    assert not set(rows["validation"]) & set(rows["train_without_validation"])
+    assert sorted(rows["validation"] + rows["train_without_validation"]) == rows["train"]
+    assert (rows["train_without_validation"], rows["validation"]) == tuple(digits_lib.validation_indices())
+    from sklearn.datasets import load_digits
+
+    labels = load_digits().target
+    per_class_train = np.bincount(labels[rows["train"]], minlength=10)
+    assert np.array_equal(np.bincount(labels[rows["validation"]], minlength=10), per_class_train // 5)
+
+
+def test_digits_version_1_1_keeps_train_and_test_record_for_record_in_order(tmp_path):
+    """Committed results were read from version 1.0.0: the added splits must not move a record of train or test."""
+    script = f"""
+import tensorflow_datasets as tfds
+from layerscale_jax.data import digits as d
+
+class DigitsV100(d.Digits):       # version 1.0.0's builder: the same generator, train and test only
+    VERSION = tfds.core.Version("1.0.0")
+    def _split_generators(self, dl_manager):
+        train, test = d.split_indices()
+        return {{"train": self._generate_examples(train), "test": self._generate_examples(test)}}
+
+DigitsV100.__module__ = d.__name__  # TFDS finds a builder's files through its module
+old, new = DigitsV100(data_dir="{tmp_path / 'old'}"), d.Digits(data_dir="{tmp_path / 'new'}")
+for b in (old, new):
+    b.download_and_prepare(file_format="array_record")
+for split in ("train", "test"):
+    a, b = old.as_data_source(split), new.as_data_source(split)
+    order = lambda ds: [int(ds[i]["sklearn_index"]) for i in range(len(ds))]
+    assert len(a) == len(b) > 300 and order(a) == order(b), split
+print("same order")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "same order" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_eval_split_validation_is_read_and_a_split_not_in_the_dataset_is_an_error(data_dir):
+    cfg = dict(name="digits", data_dir=data_dir, train_split="train_without_validation", eval_split="validation")
+    info = data.get_dataset_info(cfg)
+    assert (info.train_split, info.eval_split, info.num_train, info.num_test) == (
+        "train_without_validation", "validation", 1157, 285)
+    assert data.get_dataset_info(dict(name="digits", data_dir=data_dir)).eval_split == "test"
+    with pytest.raises(ValueError, match=r"data.eval_split='valid' is not a split of TFDS dataset 'digits'"):
+        data.get_dataset_info(dict(cfg, eval_split="valid"))
+    with pytest.raises(ValueError, match=r"data.train_split='train\[:300%\]'"):
+        data.get_dataset_info(dict(cfg, train_split="train[:300%]"))
+    with pytest.raises(ValueError, match=r"data.eval_split='validation': the 'synthetic' dataset"):
+        data.get_dataset_info(dict(name="synthetic", eval_split="validation"))
+
+
 def test_digits_records_are_the_sklearn_images_scaled_to_255(data_dir):
     from sklearn.datasets import load_digits
 

@@ -294,3 +294,19 @@ def test_init_from_with_mismatched_parameters_lists_them(tmp_path):
     trainer = loop_lib.create_trainer(config, shard_lib.make_mesh({"data": -1}))
     with pytest.raises(ValueError, match=r"blocks\.2"):
         trainer.init_state()
+
+
+def test_a_run_evaluated_on_validation_names_its_metrics_val_not_test(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("digits", os.path.join(ROOT, "configs", "digits_layerscale.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config("depth=1,embed_dim=16,num_heads=2,steps=4")
+    config.data.train_split, config.data.eval_split = "train_without_validation", "validation"
+    config.optim.warmup_steps = 1
+    config.train.log_every, config.train.eval_every, config.train.checkpoint_every = 2, 2, 2
+    results = loop_lib.train_and_evaluate(config, str(tmp_path))
+    assert results["val_examples"] == 285 and 0 <= results["val_accuracy"] <= 1
+    assert not [k for k in results if k.startswith("test_")]
+    evaluations = [r for r in read_metrics(tmp_path) if "val_accuracy" in r]
+    assert [r["step"] for r in evaluations] == [2, 4]      # the checkpoints of both kept the best by val_accuracy

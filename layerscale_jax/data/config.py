@@ -9,6 +9,11 @@ Fields (`data.*`):
   name               'digits' (offline default), 'synthetic', or any TFDS image-classification name ('cifar10',
                      'imagenet2012', ...) prepared as array_record in `data_dir`.
   data_dir           TFDS data directory; None -> $TFDS_DATA_DIR, else ~/tensorflow_datasets.
+  train_split        the split trained on: 'train', or any TFDS split string ('train[:99%]'; digits also has
+                     'train_without_validation', the train split less its stratified 'validation' part).
+  eval_split         the split evaluated during and after training; None -> 'test' if the dataset has one, else
+                     'validation' (imagenet2012). Metrics of the 'test' split are named test_*, of any other split
+                     val_* (select rates and budgets on 'validation'; report 'test' once, for the final runs).
   image_size         square side (pixels) the model sees. digits: 8 (native), cifar*/synthetic: 32, others: 224.
   num_workers        grain worker processes per host (0 = batches are built in the calling process).
   prefetch           batches built ahead in background threads of each process (0 = synchronous).
@@ -61,6 +66,8 @@ def default_data_config(name=DIGITS):
     cfg = ml_collections.ConfigDict()
     cfg.name = name
     cfg.data_dir = ml_collections.FieldReference(None, field_type=str)
+    cfg.train_split = "train"
+    cfg.eval_split = ml_collections.FieldReference(None, field_type=str)
     cfg.image_size = 8 if name == DIGITS else (32 if small else 224)
     cfg.num_workers = 0
     cfg.prefetch = 2
@@ -119,6 +126,8 @@ class DataSettings:
 
     name: str
     data_dir: str | None
+    train_split: str
+    eval_split: str | None
     image_size: int
     num_workers: int
     prefetch: int
@@ -236,6 +245,12 @@ def validate_data_config(cfg):
     if data_dir is not None and (not isinstance(data_dir, str) or not data_dir):
         raise ValueError(f"data.data_dir must be None or a non-empty path string, got {data_dir!r}")
     image_size = _int(get("image_size"), "image_size", 1)
+    train_split = get("train_split")
+    if not isinstance(train_split, str) or not train_split.strip():
+        raise ValueError(f"data.train_split must be a split name such as 'train', got {train_split!r}")
+    eval_split = get("eval_split")
+    if eval_split is not None and (not isinstance(eval_split, str) or not eval_split.strip()):
+        raise ValueError(f"data.eval_split must be None or a split name such as 'test', got {eval_split!r}")
 
     aug = _get(cfg, "augment", None)
     aug_defaults = defaults.augment
@@ -283,6 +298,8 @@ def validate_data_config(cfg):
     return DataSettings(
         name=name,
         data_dir=data_dir,
+        train_split=train_split,
+        eval_split=eval_split,
         image_size=image_size,
         num_workers=_int(get("num_workers"), "num_workers", 0),
         prefetch=_int(get("prefetch"), "prefetch", 0),

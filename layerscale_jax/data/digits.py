@@ -10,6 +10,13 @@ rest form the train split. With the class counts 178, 182, 177, 183, 181, 182, 1
 **1,442 train / 355 test** examples, every class 19-20 % test. Each example keeps its scikit-learn row index in the
 `sklearn_index` feature, so the split can be audited.
 
+Validation (version 1.1.0): the same rule applied once more inside the train split — for each class c, its train
+examples (in scikit-learn's order) are permuted with `numpy.random.default_rng([SPLIT_SEED, VALIDATION_STREAM, c])`
+and the first `n_c // 5` form `validation` (**285** examples, 28-29 per class), the rest
+`train_without_validation` (**1,157**). Selection (learning rates, budgets) trains on `train_without_validation`
+and evaluates on `validation`; `train` and `test` are unchanged from version 1.0.0, record for record and in the
+same order.
+
 The builder lives in a package module (TFDS locates a builder's files through its module) and is prepared with
 `file_format='array_record'` so it can be read without TensorFlow. Importing this module imports
 `tensorflow_datasets` (not TensorFlow); `download_and_prepare` imports TensorFlow, which is why
@@ -23,7 +30,20 @@ import tensorflow_datasets as tfds
 
 SPLIT_SEED = 20210331  # CaiT's arXiv date; any fixed value would do, but it must never change.
 NUM_CLASSES = 10
-TEST_FRACTION_DENOMINATOR = 5  # n_c // 5 examples of each class go to test.
+TEST_FRACTION_DENOMINATOR = 5  # n_c // 5 examples of each class go to test (and n_c // 5 of train to validation).
+VALIDATION_STREAM = 1  # the validation split's permutations: default_rng([SPLIT_SEED, VALIDATION_STREAM, c]).
+
+
+def _stratified_holdout(labels, rows, rng_for_class):
+    """(kept, held out): for each class c, ``rng_for_class(c)`` permutes the rows of class c (in the given order)
+    and its first ``n_c // TEST_FRACTION_DENOMINATOR`` are held out."""
+    kept, held = [], []
+    for c in range(NUM_CLASSES):
+        of_class = rng_for_class(c).permutation(rows[labels[rows] == c])
+        n_held = len(of_class) // TEST_FRACTION_DENOMINATOR
+        held.extend(of_class[:n_held].tolist())
+        kept.extend(of_class[n_held:].tolist())
+    return sorted(kept), sorted(held)
 
 
 def split_indices():
@@ -31,14 +51,17 @@ def split_indices():
     from sklearn.datasets import load_digits
 
     labels = load_digits().target
-    train, test = [], []
-    for c in range(NUM_CLASSES):
-        rows = np.flatnonzero(labels == c)
-        rows = np.random.default_rng(SPLIT_SEED + c).permutation(rows)
-        n_test = len(rows) // TEST_FRACTION_DENOMINATOR
-        test.extend(rows[:n_test].tolist())
-        train.extend(rows[n_test:].tolist())
-    return sorted(train), sorted(test)
+    return _stratified_holdout(labels, np.arange(len(labels)), lambda c: np.random.default_rng(SPLIT_SEED + c))
+
+
+def validation_indices():
+    """Returns (train_without_validation_indices, validation_indices): the train split divided, sorted."""
+    from sklearn.datasets import load_digits
+
+    labels = load_digits().target
+    train, _ = split_indices()
+    return _stratified_holdout(labels, np.asarray(train),
+                               lambda c: np.random.default_rng([SPLIT_SEED, VALIDATION_STREAM, c]))
 
 
 def _png(image_u8):
@@ -50,10 +73,15 @@ def _png(image_u8):
 
 
 class Digits(tfds.core.GeneratorBasedBuilder):
-    """scikit-learn's 1,797 handwritten 8x8 digits, 10 classes, stratified 1,442 / 355 split."""
+    """scikit-learn's 1,797 handwritten 8x8 digits, 10 classes, stratified 1,442 / 355 split; the train split
+    divided once more into 1,157 / 285 for validation."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release: stratified split, seed 20210331, images scaled 0..16 -> 0..255."}
+    VERSION = tfds.core.Version("1.1.0")
+    RELEASE_NOTES = {
+        "1.0.0": "Initial release: stratified split, seed 20210331, images scaled 0..16 -> 0..255.",
+        "1.1.0": "Adds 'validation' (285) and 'train_without_validation' (1,157), a stratified division of 'train'; "
+                 "'train' and 'test' unchanged.",
+    }
 
     def _info(self):
         return self.dataset_info_from_configs(
@@ -72,7 +100,10 @@ class Digits(tfds.core.GeneratorBasedBuilder):
     def _split_generators(self, dl_manager):
         del dl_manager  # Nothing to download: the data ships with scikit-learn.
         train, test = split_indices()
-        return {"train": self._generate_examples(train), "test": self._generate_examples(test)}
+        fit, validation = validation_indices()
+        return {"train": self._generate_examples(train), "test": self._generate_examples(test),
+                "validation": self._generate_examples(validation),
+                "train_without_validation": self._generate_examples(fit)}
 
     def _generate_examples(self, rows):
         from sklearn.datasets import load_digits

@@ -82,14 +82,18 @@ class DatasetInfo:
     image_size: int  # square side the model sees
     channels: int
     num_train: int
-    num_test: int
+    num_test: int  # examples of the evaluated split (`eval_split`)
     mean: tuple  # per channel, of pixel / 255
     std: tuple
+    train_split: str = "train"
+    eval_split: str = "test"
 
 
 def _info(settings, train_src, eval_src, num_classes, channels):
     mean, std = normalization(settings.name, channels)
     return DatasetInfo(
+        train_split=train_src.split,
+        eval_split=eval_src.split,
         name=settings.name,
         num_classes=num_classes,
         image_size=settings.image_size,

@@ -145,15 +145,22 @@ def open_builder(name, data_dir):
     return builder
 
 
-def split_names(builder):
-    """(train split, eval split): 'train' and 'validation' if present (imagenet2012), else 'test'."""
+def split_names(builder, train_split="train", eval_split=None):
+    """(train split, eval split) of a TFDS builder, checked against its splits. ``eval_split`` None: 'test' if the
+    dataset has one, else 'validation' (imagenet2012). TFDS split strings ('train[:99%]') are accepted."""
     splits = set(builder.info.splits.keys())
-    if "train" not in splits:
-        raise ValueError(f"TFDS dataset '{builder.name}' has no 'train' split (splits: {sorted(splits)})")
-    for eval_split in ("validation", "test"):
-        if eval_split in splits:
-            return "train", eval_split
-    raise ValueError(f"TFDS dataset '{builder.name}' has neither a 'validation' nor a 'test' split")
+    if eval_split is None:
+        eval_split = next((s for s in ("test", "validation") if s in splits), None)
+        if eval_split is None:
+            raise ValueError(f"TFDS dataset '{builder.name}' has neither a 'test' nor a 'validation' split "
+                             f"(splits: {sorted(splits)}); name one with data.eval_split")
+    for field, split in (("train_split", train_split), ("eval_split", eval_split)):
+        try:
+            builder.info.splits[split]
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"data.{field}={split!r} is not a split of TFDS dataset '{builder.name}' "
+                             f"(splits: {sorted(splits)}): {str(e).splitlines()[0]}") from None
+    return train_split, eval_split
 
 
 def image_label_keys(builder):
@@ -297,6 +304,11 @@ def _splitmix64(x):
 def open_sources(settings):
     """(train source, eval source, num_classes, channels) for validated `settings`."""
     if settings.name == SYNTHETIC:
+        for field, split, allowed in (("train_split", settings.train_split, "train"),
+                                      ("eval_split", settings.eval_split or "test", "test")):
+            if split != allowed:
+                raise ValueError(f"data.{field}={split!r}: the 'synthetic' dataset has the splits 'train' (trained "
+                                 f"on) and 'test' (evaluated) only")
         make = lambda split, n: SyntheticSource(  # noqa: E731
             split, n, settings.image_size, settings.channels, settings.num_classes, settings.synthetic_jpeg_shape
         )
@@ -308,7 +320,7 @@ def open_sources(settings):
         )
     data_dir = resolve_data_dir(settings.data_dir)
     builder = open_builder(settings.name, data_dir)
-    train_split, eval_split = split_names(builder)
+    train_split, eval_split = split_names(builder, settings.train_split, settings.eval_split)
     image_key, label_key = image_label_keys(builder)
     features = builder.info.features
     num_classes = getattr(features[label_key], "num_classes", None)

@@ -191,7 +191,7 @@ def create_trainer(config, mesh) -> Trainer:
     _check_model_matches_data(config.model, info)
 
     make_model, abstract_model, graphdef_train, graphdef_eval, abstract_params = build_model_fns(config)
-    task = tasks_lib.for_model(abstract_model)
+    task = tasks_lib.for_model(abstract_model, info.eval_split)
     optim_config = finetune_lib.optim_config(config, abstract_model)
     bundle = optim.build(optim_config, abstract_model, total_steps=tc.steps)
     param_sharding = shard_lib.param_shardings(abstract_params, mesh, tc.sharding_rules,
@@ -413,8 +413,8 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                "model": arch, "resumed_from_step": start_step if restored is not None else None}
     if is_primary:
         results_path.write_text(json.dumps(results, indent=2))
-        tested = ", ".join(f"{k.replace('_', ' ')} {results[k]:.4f}" for k in ("test_accuracy", "test_loss")
-                           if k in results)
+        metrics = (f"{trainer.task.prefix}_accuracy", f"{trainer.task.prefix}_loss")
+        tested = ", ".join(f"{k.replace('_', ' ')} {results[k]:.4f}" for k in metrics if k in results)
         print(f"{tested} after {step} steps ({train_seconds:.1f} s)\n"
               f"checkpoints: {checkpointer.directory}\nmetrics: {writer.jsonl_path}\n"
               f"TensorBoard: tensorboard --logdir {writer.tb_dir}\nresults: {results_path}",

@@ -49,7 +49,8 @@ class MetricsWriter:
         filled = int(width * step / max(self.total_steps, 1))
         bar = "#" * filled + "." * (width - filled)
         parts = [f"[{bar}] {step}/{self.total_steps}"]
-        for key in ("train_loss", "learning_rate", "grad_norm", "img_per_s", "test_accuracy", "test_loss"):
+        for key in ("train_loss", "learning_rate", "grad_norm", "img_per_s", "test_accuracy", "test_loss",
+                    "val_accuracy", "val_loss"):
             if key in scalars:
                 parts.append(f"{key} {scalars[key]:.4g}")
         parts.append(f"ETA {_fmt_seconds(eta)}")

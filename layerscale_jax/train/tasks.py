@@ -4,8 +4,9 @@ The train loop and the pure steps are the same for both; a task supplies
 
     loss(model, images, targets, key) → (scalar loss, {name: scalar})      the training objective of one batch
     eval_sums(model, batch)           → {name: sum over the real examples} one padded eval batch (``mask``)
-    summarize(sums)                   → the test metrics (``test_loss``, and ``test_accuracy`` for classification)
-    best_metric, best_mode            which test metric picks the best checkpoint, and whether higher is better
+    summarize(sums)                   → the evaluation's metrics (``test_loss``, and ``test_accuracy`` for
+                                        classification; ``val_*`` when the evaluated split is not 'test')
+    best_metric, best_mode            which evaluation metric picks the best checkpoint, and whether higher is better
     after_evaluation(...)             anything written at each evaluation (MAE: a PNG of reconstructions)
 
 Classification: ``L = mean_n −Σ_k t_nk log softmax(f(x_n))_k`` with Mixup/CutMix / label-smoothed targets ``t``.
@@ -33,10 +34,20 @@ def cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray) -> jnp.ndarray:
     return -jnp.sum(targets * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
 
 
+def metric_prefix(eval_split: str) -> str:
+    """``test`` for the test split, ``val`` for any other evaluated split ('validation', 'train[99%:]', ...): a
+    number selected on is never named like a number reported."""
+    return "test" if eval_split == "test" else "val"
+
+
 class ClassificationTask:
     name = "classification"
     uses_labels = True               # Mixup/CutMix and label smoothing make the targets
-    best_metric, best_mode = "test_accuracy", "max"
+    best_mode = "max"
+
+    def __init__(self, eval_split: str = "test"):
+        self.prefix = metric_prefix(eval_split)
+        self.best_metric = f"{self.prefix}_accuracy"
 
     def loss(self, model, images, targets, key):
         logits = model(images, key=key)
@@ -53,8 +64,9 @@ class ClassificationTask:
 
     def summarize(self, sums: dict[str, float]) -> dict[str, float]:
         count = max(sums["count"], 1.0)
-        return {"test_accuracy": sums["correct"] / count, "test_loss": sums["loss_sum"] / count,
-                "test_examples": sums["count"]}
+        p = self.prefix
+        return {f"{p}_accuracy": sums["correct"] / count, f"{p}_loss": sums["loss_sum"] / count,
+                f"{p}_examples": sums["count"]}
 
     def after_evaluation(self, trainer, params, step: int, workdir) -> None:
         return None
@@ -63,7 +75,11 @@ class ClassificationTask:
 class MAETask:
     name = "mae"
     uses_labels = False
-    best_metric, best_mode = "test_loss", "min"
+    best_mode = "min"
+
+    def __init__(self, eval_split: str = "test"):
+        self.prefix = metric_prefix(eval_split)
+        self.best_metric = f"{self.prefix}_loss"
 
     def loss(self, model, images, targets, key):
         return model.loss(images, key).mean(), {}
@@ -75,7 +91,7 @@ class MAETask:
 
     def summarize(self, sums: dict[str, float]) -> dict[str, float]:
         count = max(sums["count"], 1.0)
-        return {"test_loss": sums["loss_sum"] / count, "test_examples": sums["count"]}
+        return {f"{self.prefix}_loss": sums["loss_sum"] / count, f"{self.prefix}_examples": sums["count"]}
 
     def after_evaluation(self, trainer, params, step: int, workdir) -> None:
         """``WORKDIR/reconstructions.png`` (and ``reconstructions/step_<step>.png``): rows original, masked input,
@@ -89,9 +105,10 @@ class MAETask:
                     f.write(png)
 
 
-def for_model(model: nnx.Module):
-    """The task a model is trained for: MAE pre-training for ``MaskedAutoencoder``, classification otherwise."""
-    return MAETask() if isinstance(model, MaskedAutoencoder) else ClassificationTask()
+def for_model(model: nnx.Module, eval_split: str = "test"):
+    """The task a model is trained for: MAE pre-training for ``MaskedAutoencoder``, classification otherwise;
+    its metrics are named after the evaluated split (``metric_prefix``)."""
+    return (MAETask if isinstance(model, MaskedAutoencoder) else ClassificationTask)(eval_split)
 
 
 def reconstruction_images(trainer, params) -> np.ndarray:
