@@ -1,0 +1,224 @@
+"""Our JPEG train input path against a big_vision-style tf.data pipeline, on the same JPEG bytes (issue 24).
+
+    python benchmarks/bench_input_peer.py [--workers 1 2] [--batches 20] [--rounds 3] [--baseline DIR] [--out FILE]
+
+Records: the project's synthetic JPEG source (`data.synthetic_jpeg_shape`, default 375x500: smooth random images
+plus N(0, 12) noise, quality 90, `sources.SyntheticSource`), batch 64, 224 px, normalised float32 out on both sides.
+Contenders, each run in a fresh process, all contenders once per round (rounds alternate, so a change of load hits
+all alike):
+
+  ours_base        grain + PIL (`data.make_train_iterator`): random-resized crop (scale 0.08-1, ratio 3/4-4/3,
+                   bicubic, antialiased: DeiT III's), horizontal flip.
+  ours_deit3       the same + 3-Augment + colour jitter 0.3 (the DeiT III train path).
+  tfdata_base      big_vision's `decode_jpeg_and_inception_crop` recipe written with tf.data: the crop window drawn by
+                   `stateless_sample_distorted_bounding_box` (area 0.08-1, ratio 3/4-4/3) from
+                   `extract_jpeg_shape`, decoded alone by `decode_and_crop_jpeg`, resized bilinearly (no antialias:
+                   big_vision's default), flipped, normalised; `map(num_parallel_calls=W)` on a private thread pool
+                   of W threads, `batch`, `prefetch(2)`.
+  tfdata_bicubic   the same with our resize filter (bicubic, antialiased), so the two sides do equal work.
+
+W workers: grain worker processes for ours (`data.num_workers`, prefetch 2), threads for tf.data. CPU-seconds are
+those of the whole process tree (the main process with all its threads, grain's worker processes) over the timed
+batches, read from /proc, so images per CPU-second counts every core the pipeline used. `--baseline DIR` adds
+`ours_*@baseline` contenders that import `layerscale_jax` from DIR (an earlier commit exported with
+`git archive COMMIT layerscale_jax | tar -x -C DIR`), in the same rounds. Results go to
+benchmarks/results/input_peer_<machine>_<date>.json (<machine>: `bench.entries.results_name`, the CPU kind).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE, CROP_SCALE, CROP_RATIO = 224, (0.08, 1.0), (3 / 4, 4 / 3)
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+CONTENDERS = ("ours_base", "ours_deit3", "tfdata_base", "tfdata_bicubic")
+
+
+# ----------------------------------------------------------------------------------------------- one measurement
+
+
+def tree_cpu_seconds(root):
+    """User + system CPU seconds of process `root` and all its living descendants (all threads), from /proc."""
+    parent, ticks = {}, {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # the process ended meanwhile
+                continue
+            parent[int(d)], ticks[int(d)] = int(fields[1]), int(fields[11]) + int(fields[12])
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += ticks.get(pid, 0)
+        todo += [c for c, p in parent.items() if p == pid]
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def timed(batches, warmup, batch_size, next_batch):
+    """Images/s and images per CPU-second of the process tree over `batches` batches after `warmup`."""
+    for _ in range(warmup):
+        next_batch()
+    c0, t0 = tree_cpu_seconds(os.getpid()), time.perf_counter()
+    for _ in range(batches):
+        shape = next_batch()
+    seconds, cpu = time.perf_counter() - t0, tree_cpu_seconds(os.getpid()) - c0
+    n = batches * batch_size
+    return {"images": n, "seconds": seconds, "cpu_seconds": cpu, "images_per_s": n / seconds,
+            "images_per_cpu_s": n / max(cpu, 1e-9), "batch_shape": list(shape)}
+
+
+def ours(full, workers, batch, jpeg_shape, num_records):
+    from layerscale_jax.data import default_data_config, make_train_iterator
+
+    cfg = default_data_config("synthetic")
+    cfg.image_size, cfg.num_train, cfg.synthetic_jpeg_shape = SIZE, num_records, tuple(jpeg_shape)
+    cfg.num_workers, cfg.prefetch = workers, 2
+    a = cfg.augment
+    a.random_resized_crop, a.crop_scale, a.hflip = True, CROP_SCALE, True
+    a.three_augment, a.color_jitter = full, (0.3 if full else 0.0)
+    it = make_train_iterator(cfg, global_batch_size=batch, seed=0, process_index=0, process_count=1)
+    return (lambda: next(it)["image"].shape), it.close
+
+
+def tfdata(bicubic, workers, batch, jpeg_shape, num_records):
+    """big_vision's Inception crop + flip recipe, written for this benchmark with tf.data (see the docstring)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from layerscale_jax.data.sources import SyntheticSource
+
+    pool = SyntheticSource("train", num_records, SIZE, 3, 10, tuple(jpeg_shape))._make_jpeg_pool()
+    records = tf.constant(pool)
+    mean, std = tf.constant(MEAN, tf.float32), tf.constant(STD, tf.float32)
+
+    def element(q):
+        data = tf.gather(records, q % len(pool))
+        seed = tf.stack([tf.constant(0, tf.int64), q])
+        begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+            tf.image.extract_jpeg_shape(data), tf.zeros([1, 0, 4], tf.float32), seed=seed, min_object_covered=0.0,
+            area_range=CROP_SCALE, aspect_ratio_range=CROP_RATIO, use_image_if_no_bounding_boxes=True)
+        window = tf.stack([begin[0], begin[1], crop_size[0], crop_size[1]])
+        image = tf.io.decode_and_crop_jpeg(data, window, channels=3)
+        image = tf.image.resize(image, [SIZE, SIZE], method="bicubic" if bicubic else "bilinear", antialias=bicubic)
+        image = tf.image.stateless_random_flip_left_right(image, seed + 1)
+        return (image / 255.0 - mean) / std
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = workers
+    options.threading.max_intra_op_parallelism = 1
+    ds = (tf.data.Dataset.range(np.int64(2**62)).map(element, num_parallel_calls=workers, deterministic=True)
+          .batch(batch, drop_remainder=True).prefetch(2).with_options(options))
+    it = ds.as_numpy_iterator()
+    return (lambda: next(it).shape), (lambda: None)
+
+
+def child(args):
+    """Runs one contender in this process and prints its result as one JSON line."""
+    name = args.child.split("@")[0]
+    build = ours if name.startswith("ours") else tfdata
+    flag = name in ("ours_deit3", "tfdata_bicubic")
+    next_batch, close = build(flag, args.workers[0], args.batch, args.jpeg_shape, args.num_records)
+    try:
+        result = timed(args.batches, args.warmup, args.batch, next_batch)
+    finally:
+        close()
+    print(json.dumps({"contender": args.child, "workers": args.workers[0], **result}), flush=True)
+
+
+# ----------------------------------------------------------------------------------------------- the runner
+
+
+def run_child(contender, workers, args):
+    package_root = args.baseline if contender.endswith("@baseline") else REPO
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+           "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", contender, "--workers", str(workers),
+           "--batch", str(args.batch), "--batches", str(args.batches), "--warmup", str(args.warmup),
+           "--num-records", str(args.num_records), "--jpeg-shape", *map(str, args.jpeg_shape)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{contender} workers={workers}: exit {proc.returncode}: {proc.stderr.strip()[-1500:]}")
+    return json.loads(lines[-1])
+
+
+def summarize(runs, contenders, workers):
+    """Medians over rounds per (contender, workers), and ours / tf.data per CPU-second."""
+    rows = []
+    for name in contenders:
+        for w in workers:
+            rs = [r for r in runs if r["contender"] == name and r["workers"] == w]
+            rows.append({"contender": name, "workers": w, "rounds": len(rs),
+                         **{k: statistics.median(r[k] for r in rs) for k in ("images_per_s", "images_per_cpu_s")}})
+    by = {(r["contender"], r["workers"]): r["images_per_cpu_s"] for r in rows}
+    ratios = {f"{name}/{peer} workers={w}": by[name, w] / by[peer, w]
+              for name in contenders if name.startswith("ours") for peer in ("tfdata_base", "tfdata_bicubic")
+              for w in workers if (peer, w) in by}
+    return rows, ratios
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="grain worker processes / tf.data threads")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batches", type=int, default=20, help="timed batches per run")
+    p.add_argument("--warmup", type=int, default=3, help="batches before timing")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--jpeg-shape", type=int, nargs=2, default=[375, 500], metavar=("H", "W"))
+    p.add_argument("--num-records", type=int, default=4096)
+    p.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    p.add_argument("--baseline", default=None, help="a directory holding an earlier commit's layerscale_jax")
+    p.add_argument("--out", default=None, help="results file (default: benchmarks/results/input_peer_<machine>_"
+                                               "<date>.json; '-' prints only)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child(args)
+    sys.path.insert(0, REPO)
+    from layerscale_jax.bench import timing
+    from layerscale_jax.bench.entries import results_name
+
+    if args.baseline and not os.path.isdir(os.path.join(args.baseline, "layerscale_jax")):
+        raise SystemExit(f"error: --baseline {args.baseline!r} holds no layerscale_jax/ directory")
+    contenders = list(args.contenders)
+    if args.baseline:
+        contenders += [c + "@baseline" for c in args.contenders if c.startswith("ours")]
+    machine = timing.machine_info()
+    load_start = timing.load_average()
+    runs = []
+    for r in range(args.rounds):
+        for name in contenders:
+            for w in args.workers:
+                runs.append({"round": r, **run_child(name, w, args), "load_average": timing.load_average()})
+                x = runs[-1]
+                print(f"round {r} {name:26s} workers={w}: {x['images_per_s']:7.1f} images/s, "
+                      f"{x['images_per_cpu_s']:7.1f} per CPU-s (load {x['load_average'][0]})", flush=True)
+    rows, ratios = summarize(runs, contenders, args.workers)
+    print("\n| contender | workers | images/s | images per CPU-s |\n|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['contender']} | {row['workers']} | {row['images_per_s']:.0f} | {row['images_per_cpu_s']:.0f} |")
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}x per CPU-second")
+    result = {"benchmark": "input_peer", "command": " ".join([os.path.relpath(__file__, REPO), *sys.argv[1:]]),
+              "machine": machine, "load_average_start": load_start, "load_average_end": timing.load_average(),
+              "settings": {k: getattr(args, k) for k in ("workers", "batch", "batches", "warmup", "rounds",
+                                                         "jpeg_shape", "num_records", "baseline")},
+              "summary": rows, "ratios_per_cpu_s": ratios, "runs": runs}
+    if args.out != "-":
+        out = args.out or os.path.join(REPO, "benchmarks", "results",
+                                       f"input_peer_{results_name(machine)}_{datetime.date.today()}.json")
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
