@@ -313,3 +313,26 @@ def test_a_training_workdir_exports_to_timm(tmp_path, capsys):
     capsys.readouterr()
     assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "3"]) == 2
     assert "step 3: 0 file(s) missing, 1 changed" in capsys.readouterr().err
+
+
+# -- faults at the command line (docs/reliability.md) --------------------------------------------------------------
+
+def test_preparing_a_dataset_whose_host_cannot_be_reached_fails_at_once_naming_the_host(tmp_path, capsys,
+                                                                                          monkeypatch):
+    import socket
+    import time
+
+    def unreachable(address, *args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    start = time.monotonic()
+    assert run_cli(prepare_main, ["--name", "mnist", "--data_dir", str(tmp_path / "tfds")]) == 2
+    assert time.monotonic() - start < 30                # TFDS's own retries take about 3.5 minutes
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["error: cannot download 'mnist': storage.googleapis.com:443 cannot be reached (Name or "
+                     "service not known); check the network (or HTTPS_PROXY), or prepare the dataset on a machine "
+                     "that has one and copy its data dir here"]

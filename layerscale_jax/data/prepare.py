@@ -7,13 +7,56 @@ This imports TensorFlow (TFDS needs it to write datasets); training processes ne
 this command automatically on first use. (`tfds build` would also work where apache_beam is installed, with
 `--file_format=array_record`.)
 
-An unknown dataset name (with the closest TFDS names), a data dir that cannot be written, or missing manual files are
-reported in one line, `error: ...`, with exit status 2; `--debug` adds the traceback.
+An unknown dataset name (with the closest TFDS names), a data dir that cannot be written, missing manual files, or a
+download host that cannot be reached are reported in one line, `error: ...`, with exit status 2; `--debug` adds the
+traceback. The hosts are tried (one connection each, `CONNECT_TIMEOUT_S`) before TFDS starts: TFDS's downloader
+retries every file ten times with exponential back-off, which takes about 3.5 minutes to give up when offline.
 """
 
 import argparse
 import os
+import socket
 import sys
+import urllib.parse
+import urllib.request
+
+from layerscale_jax.cli import UserError
+
+CONNECT_TIMEOUT_S = 10
+
+
+def download_hosts(builder):
+    """``(host, port)`` of every URL the builder downloads from (TFDS's recorded URL checksums); none for a dataset
+    built from manually downloaded files, whose URLs only name those files."""
+    if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None):
+        return []
+    hosts = set()
+    for url in getattr(builder, "url_infos", None) or {}:
+        parts = urllib.parse.urlsplit(url)
+        if parts.hostname:
+            hosts.add((parts.hostname, parts.port or {"http": 80, "ftp": 21}.get(parts.scheme, 443)))
+    return sorted(hosts)
+
+
+def check_reachable(name, hosts, timeout=CONNECT_TIMEOUT_S):
+    """Open one TCP connection to each download host (or to the proxy that serves it, from ``HTTPS_PROXY`` etc.);
+    ``UserError`` naming the host and the cause when one cannot be reached."""
+    proxies = urllib.request.getproxies()
+    for host, port in hosts:
+        scheme = "http" if port == 80 else "https"
+        proxy = proxies.get(scheme) if not urllib.request.proxy_bypass(host) else None
+        target = host, port
+        if proxy:
+            parsed = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+            target = parsed.hostname, parsed.port or 80
+        try:
+            socket.create_connection(target, timeout=timeout).close()
+        except OSError as err:
+            via = f" through the proxy {target[0]}:{target[1]}" if proxy else ""
+            cause = err.strerror or str(err) or type(err).__name__
+            raise UserError(f"cannot download {name!r}: {host}:{port} cannot be reached{via} ({cause}); check the "
+                            "network (or HTTPS_PROXY), or prepare the dataset on a machine that has one and copy "
+                            "its data dir here") from err
 
 
 def prepare(name, data_dir, manual_dir=None):
@@ -23,7 +66,11 @@ def prepare(name, data_dir, manual_dir=None):
     import tensorflow_datasets as tfds
 
     builder = sources.tfds_builder(name, data_dir)
-    config = tfds.download.DownloadConfig(manual_dir=os.path.expanduser(manual_dir) if manual_dir else None)
+    if not builder.is_prepared():
+        check_reachable(name, download_hosts(builder))
+    # GCS hosts prepared TFDS datasets as TFRecord only: nothing there for array_record, so do not ask.
+    config = tfds.download.DownloadConfig(manual_dir=os.path.expanduser(manual_dir) if manual_dir else None,
+                                          try_download_gcs=False)
     builder.download_and_prepare(file_format="array_record", download_config=config)
     return builder
 
