@@ -255,6 +255,11 @@ def workdir_checkpoint(workdir: str | Path, step: int | None = None) -> tuple[in
 def workdir_config(workdir: str | Path, step: int | None = None) -> dict:
     """The experiment config stored with a training workdir's newest complete checkpoint (or ``step``'s)."""
     _, directory = workdir_checkpoint(workdir, step)
+    return _stored_config(directory)
+
+
+def _stored_config(directory: Path) -> dict:
+    """The experiment config stored in the checkpoint ``directory`` (checked already)."""
     config_file = directory / "config" / "metadata"
     try:
         with open(config_file) as f:
@@ -271,13 +276,15 @@ def _workdir_model_config(config: dict, **overrides):
     return model["name"], model_config(model.pop("name"), **{**model, **overrides})
 
 
-def _workdir_source(workdir: Path, step: int | None = None, ema: bool | None = None) -> _Source:
+def _workdir_source(workdir: Path, step: int | None = None, ema: bool | None = None,
+                    checkpoint: tuple[int, Path] | None = None) -> _Source:
     """The parameters of a training checkpoint (``ema``: its EMA; None: the EMA when the run kept one, as its
-    evaluation did) in our flat naming, unrolled."""
+    evaluation did) in our flat naming, unrolled. ``checkpoint``: ``workdir_checkpoint``'s answer when the caller
+    has it already (the files are checked, and a corrupt newest step reported, once)."""
     import orbax.checkpoint as ocp
 
-    step, directory = workdir_checkpoint(workdir, step)
-    _, cfg = _workdir_model_config(workdir_config(workdir, step))
+    step, directory = checkpoint or workdir_checkpoint(workdir, step)
+    _, cfg = _workdir_model_config(_stored_config(directory))
     state_dir = (directory / "state").absolute()
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
@@ -600,6 +607,7 @@ def load_workdir(workdir: str | Path, *, step: int | None = None, ema: bool | No
     ``overrides`` on top, e.g. ``scan_layers``) holding the parameters of its newest complete checkpoint (or of
     ``step``). ``ema``: True for the EMA of the parameters, False for the parameters, None (default) for the EMA
     when the run kept one (the weights its evaluation used)."""
-    name, cfg = _workdir_model_config(workdir_config(workdir, step), **overrides)
-    source = _workdir_source(Path(workdir), step, ema)
+    checkpoint = workdir_checkpoint(workdir, step)
+    name, cfg = _workdir_model_config(_stored_config(checkpoint[1]), **overrides)
+    source = _workdir_source(Path(workdir), ema=ema, checkpoint=checkpoint)
     return _build_and_load(lambda r: create_from_config(cfg, rngs=r), source, rngs), name
