@@ -23,6 +23,9 @@ grid with each scheme at its own best rate from that sweep, its runs beside the 
 scheme whose best rate is the shared one reuses them) and its outputs in ``OUT/per_scheme_lr/``. Each run's record is
 written to ``OUT/runs/<run id>.json`` when it ends; a run whose record exists is skipped, so the driver resumes across
 sessions. A run whose loss or gradient norm turns non-finite stops there and is recorded with ``diverged=True``.
+``--shard I/N`` trains only every N-th run from the I-th (one of N machines); the shards' ``OUT/runs/`` folders
+copied together are the whole grid's records (``--report`` then writes the outputs). The runner, statistics, tables
+and the accuracy plot are ``experiments/sweep.py``'s, one run's training is ``experiments/classifier_run.py``'s.
 
 Outputs (regenerated from all finished records at the end, or alone with ``--report``):
 ``results.csv`` (one row per run), ``table.md`` (mean ± std test accuracy per depth × scheme),
@@ -36,15 +39,16 @@ Per-run diagnostics come from ``layerscale_jax.train.diagnostics`` at step 0 and
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import importlib.util
 import json
 import math
 import os
-import statistics
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import classifier_run  # noqa: E402  (one run: training, evaluations, diagnostics, divergence)
+import sweep  # noqa: E402  (records, resume, shards, ETA, statistics, tables, plots)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "digits_layerscale.py")
@@ -186,102 +190,24 @@ def make_config(spec: RunSpec, sizing: Sizing, dataset: str = "digits", data_dir
     return config
 
 
-def evaluation_record(diagnostics_fn, params, diagnostics_batch) -> dict[str, float]:
-    """What a train loop logs at each evaluation for this study: ``train.diagnostics`` of the current params on a
-    fixed batch (replicated outputs → floats). The integration point for ``train/loop.py``."""
-    from layerscale_jax.train.diagnostics import to_floats
-    return to_floats(diagnostics_fn(params, diagnostics_batch))
-
-
-def _evaluate(trainer, params, config, mesh) -> dict[str, float]:
-    import jax
-
-    from layerscale_jax import data as data_lib
-    sums = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
-    for batch in data_lib.make_eval_iterator(config.data, global_batch_size=config.train.eval_batch_size):
-        out = jax.device_get(trainer.eval_step(params, data_lib.to_global_batch(batch, mesh)))
-        for key in sums:
-            sums[key] += float(out[key])
-    count = max(sums["count"], 1.0)
-    return {"test_accuracy": sums["correct"] / count, "test_loss": sums["loss_sum"] / count}
-
-
 def train_run(spec: RunSpec, sizing: Sizing, dataset: str = "digits", data_dir: str | None = None,
               overrides: dict | None = None) -> dict:
-    """Train one run and return its record (scalars, the train-loss curve, evaluations with diagnostics).
+    """Train one run and return its record: the spec's fields, then ``classifier_run.train_classifier``'s (scalars,
+    the train-loss curve, evaluations with diagnostics; a non-finite step ends the run as ``diverged``).
 
     ``overrides`` (``{"optim.learning_rate": 1e30, ...}``) are applied to the config last (tests, what-ifs).
     """
-    import jax
-    import numpy as np
-
-    from layerscale_jax import data as data_lib
-    from layerscale_jax.train import sharding as shard_lib
-    from layerscale_jax.train.diagnostics import make_diagnostics_fn
-    from layerscale_jax.train.loop import create_trainer
-
     config = make_config(spec, sizing, dataset, data_dir)
     for dotted, value in (overrides or {}).items():
         section, field = dotted.split(".", 1)
         config[section][field] = value
-    start = time.time()
-    mesh = shard_lib.make_mesh(config.train.mesh)
-    trainer = create_trainer(config, mesh)
-    state = trainer.init_state()
-    train_iter = data_lib.make_train_iterator(config.data, global_batch_size=config.train.batch_size,
-                                              seed=config.train.seed)
-    batch_sharding = {"image": shard_lib.batch_sharding(mesh), "label": shard_lib.batch_sharding(mesh)}
-    diagnostics_fn = make_diagnostics_fn(trainer.graphdef_train, mesh, trainer.param_sharding, batch_sharding)
-    first = data_lib.to_global_batch(next(train_iter), mesh)
-    diagnostics_batch = {"image": first["image"], "label": first["label"]}
-
-    evaluations = [{"step": 0, **evaluation_record(diagnostics_fn, state["params"], diagnostics_batch)}]
-    train_loss: list[tuple[int, float]] = []
-    pending, step, diverged, diverged_at = [], 0, False, None
-    batch = first
-    setup_seconds = time.time() - start
-    eval_seconds, first_step_seconds = 0.0, None
-    while step < config.train.steps:
-        state, metrics = trainer.train_step(state, batch)
-        step += 1
-        if step == 1:
-            jax.block_until_ready(metrics)
-            first_step_seconds = time.time() - start - setup_seconds
-        pending.append(metrics)
-        if step % config.train.log_every == 0 or step == config.train.steps:
-            fetched = jax.device_get(pending)
-            pending = []
-            bad = [i for i, m in enumerate(fetched) if not m["finite"]]
-            if bad:
-                diverged, diverged_at = True, step - len(fetched) + bad[0] + 1
-            finite = [float(m["train_loss"]) for m in fetched if m["finite"]]
-            train_loss.append((step, float(np.mean(finite)) if finite else float("nan")))
-        is_eval = step % config.train.eval_every == 0 or step == config.train.steps or diverged
-        if is_eval:
-            eval_start = time.time()
-            evaluation = _evaluate(trainer, state["params"], config, mesh)
-            evaluation.update(evaluation_record(diagnostics_fn, state["params"], diagnostics_batch))
-            evaluations.append({"step": step, **evaluation})
-            eval_seconds += time.time() - eval_start
-        if diverged:
-            break
-        batch = data_lib.to_global_batch(next(train_iter), mesh)
-    train_iter.close()
-    seconds = time.time() - start
-    step_seconds = (seconds - setup_seconds - first_step_seconds - eval_seconds) / max(step - 1, 1)
-    accuracies = [e["test_accuracy"] for e in evaluations if "test_accuracy" in e]
+    result = classifier_run.train_classifier(config)
     return {
         "run_id": spec.run_id, "depth": spec.depth, "scheme": spec.scheme,
         "branch_scaling": SCHEMES_BY_NAME[spec.scheme].branch_scaling,
         "epsilon": _epsilon(spec), "warmup": spec.warmup, "warmup_steps": config.optim.warmup_steps,
         "seed": spec.seed, "learning_rate": config.optim.learning_rate, "dataset": config.data.name,
-        "embed_dim": sizing.embed_dim, "batch_size": sizing.batch_size,
-        "final_test_accuracy": accuracies[-1], "best_test_accuracy": max(accuracies),
-        "final_train_loss": float("nan") if diverged else train_loss[-1][1],
-        "diverged": diverged, "diverged_at_step": diverged_at, "steps": step, "seconds": seconds,
-        "timing": {"setup": setup_seconds, "first_step": first_step_seconds, "per_step": step_seconds,
-                   "evaluations": eval_seconds},
-        "train_loss_curve": train_loss, "evaluations": evaluations,
+        "embed_dim": sizing.embed_dim, "batch_size": sizing.batch_size, **result,
     }
 
 
@@ -297,69 +223,22 @@ def _epsilon(spec: RunSpec) -> float | None:
 # The sweep: resumable, with progress
 # ---------------------------------------------------------------------------------------------------------------
 def record_path(out: str, spec: RunSpec) -> str:
-    return os.path.join(out, "runs", spec.run_id + ".json")
+    return sweep.record_path(out, spec.run_id)
 
 
 def load_records(out: str) -> list[dict]:
-    runs_dir = os.path.join(out, "runs")
-    if not os.path.isdir(runs_dir):
-        return []
-    records = []
-    for name in sorted(os.listdir(runs_dir)):
-        if name.endswith(".json"):
-            with open(os.path.join(runs_dir, name)) as f:
-                records.append(json.load(f))
-    return records
-
-
-def _write_json_atomically(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
-
-
-def _fmt_seconds(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def enable_compilation_cache(directory: str | None = None) -> None:
-    """JAX's persistent compilation cache: the seeds of a cell (and a resumed sweep) reuse the compiled train,
-    eval and diagnostics steps, which differ only in their data, not their program."""
-    import jax
-    directory = directory or os.path.join(os.path.expanduser("~"), ".cache", "layerscale_jax", "xla")
-    if not jax.config.jax_compilation_cache_dir:
-        os.makedirs(directory, exist_ok=True)
-        jax.config.update("jax_compilation_cache_dir", directory)
+    return sweep.load_records(out)
 
 
 def run_sweep(specs: list[RunSpec], sizing: Sizing, out: str, dataset: str = "digits", data_dir: str | None = None,
               overrides: dict | None = None, log=print) -> list[dict]:
-    """Train every spec without a record in ``out`` (finished runs are skipped), printing progress and an ETA.
-
-    The ETA assumes a run's cost grows linearly in depth (measured: ``--measure``) and extrapolates from the runs
-    trained in this session."""
-    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
-    enable_compilation_cache()
-    todo = [s for s in specs if not os.path.exists(record_path(out, s))]
-    done_before = len(specs) - len(todo)
-    log(f"{len(specs)} runs in the grid, {done_before} already finished, {len(todo)} to train")
-    seconds_per_depth, depth_done = 0.0, 0
-    remaining_depth = sum(s.depth for s in todo)
-    for i, spec in enumerate(todo):
-        record = train_run(spec, sizing, dataset, data_dir, overrides)
-        _write_json_atomically(record_path(out, spec), record)
-        seconds_per_depth += record["seconds"]
-        depth_done += spec.depth
-        remaining_depth -= spec.depth
-        eta = remaining_depth * seconds_per_depth / depth_done
-        outcome = "DIVERGED" if record["diverged"] else f"test acc {record['final_test_accuracy']:.4f}"
-        log(f"[{done_before + i + 1}/{len(specs)} runs done] {spec.run_id}: {outcome} in {record['seconds']:.1f} s"
-            f" | ETA {_fmt_seconds(eta)}")
-    return load_records(out)
+    """Train every spec without a record in ``out`` (``sweep.run``: finished runs are skipped, a diverged run is
+    recorded as such), printing progress and an ETA that assumes a run's cost grows linearly in depth (measured:
+    ``--measure``)."""
+    sweep.enable_compilation_cache()
+    return sweep.run(specs, lambda spec: train_run(spec, sizing, dataset, data_dir, overrides), out,
+                     cost=lambda spec: spec.depth, outcome=lambda r: f"test acc {r['final_test_accuracy']:.4f}",
+                     log=log)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -371,21 +250,13 @@ CSV_FIELDS = ("depth", "scheme", "branch_scaling", "epsilon", "warmup", "learnin
 
 
 def write_csv(records: list[dict], path: str) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for r in sorted(records, key=lambda r: (r["depth"], r["scheme"], not r["warmup"], r["learning_rate"],
-                                                r["seed"])):
-            writer.writerow({k: r[k] for k in CSV_FIELDS})
+    sweep.write_csv(sorted(records, key=lambda r: (r["depth"], r["scheme"], not r["warmup"], r["learning_rate"],
+                                                   r["seed"])), path, CSV_FIELDS)
 
 
 def _cell(records: list[dict]) -> str:
-    if not records:
-        return "–"
-    accs = [100 * r["final_test_accuracy"] for r in records]
-    text = f"{accs[0]:.1f}" if len(accs) == 1 else f"{statistics.mean(accs):.1f} ± {statistics.stdev(accs):.1f}"
-    diverged = sum(r["diverged"] for r in records)
-    return text + (f" ({diverged}/{len(records)} diverged)" if diverged else "")
+    """Final test accuracy (%) of a cell's seeds, mean ± std, diverged runs counted (and averaged in)."""
+    return sweep.mean_std_cell([100 * r["final_test_accuracy"] for r in records], sum(r["diverged"] for r in records))
 
 
 def _column_names(records: list[dict]) -> list[tuple[str, bool]]:
@@ -402,12 +273,9 @@ def _label(scheme: str, warmup: bool) -> str:
 def write_table(records: list[dict], path: str, title: str) -> str:
     columns = _column_names(records)
     depths = sorted({r["depth"] for r in records})
-    lines = ["| depth | " + " | ".join(_label(*c) for c in columns) + " |", "|---|" + "---|" * len(columns)]
-    for depth in depths:
-        cells = [_cell([r for r in records if r["depth"] == depth and (r["scheme"], r["warmup"]) == c])
-                 for c in columns]
-        lines.append(f"| {depth} | " + " | ".join(cells) + " |")
-    table = "\n".join(lines) + "\n"
+    table = sweep.markdown_table(["depth"] + [_label(*c) for c in columns], (
+        [depth] + [_cell([r for r in records if r["depth"] == depth and (r["scheme"], r["warmup"]) == c])
+                   for c in columns] for depth in depths))
     with open(path, "w") as f:
         f.write(title + "\n\n" + table)
     return table
@@ -416,11 +284,9 @@ def write_table(records: list[dict], path: str, title: str) -> str:
 def write_lr_table(records: list[dict], path: str, command: str | None = None) -> str:
     schemes = [s for s in (x.name for x in SCHEMES) if any(r["scheme"] == s for r in records)]
     rates = sorted({r["learning_rate"] for r in records})
-    lines = ["| learning rate | " + " | ".join(schemes) + " |", "|---|" + "---|" * len(schemes)]
-    for lr in rates:
-        lines.append(f"| {lr:g} | " + " | ".join(
-            _cell([r for r in records if r["learning_rate"] == lr and r["scheme"] == s]) for s in schemes) + " |")
-    table = "\n".join(lines) + "\n"
+    table = sweep.markdown_table(["learning rate"] + schemes, (
+        [f"{lr:g}"] + [_cell([r for r in records if r["learning_rate"] == lr and r["scheme"] == s]) for s in schemes]
+        for lr in rates))
     depth = records[0]["depth"] if records else "?"
     with open(path, "w") as f:
         f.write(f"Final test accuracy (%) at depth {depth} per learning rate (seed 0)\n\n"
@@ -428,41 +294,19 @@ def write_lr_table(records: list[dict], path: str, command: str | None = None) -
     return table
 
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def plot_accuracy_vs_depth(records: list[dict], path: str) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for scheme, warmup in _column_names(records):
-        xs, ys, es = [], [], []
-        for depth in sorted({r["depth"] for r in records}):
-            accs = [100 * r["final_test_accuracy"] for r in records
-                    if r["depth"] == depth and r["scheme"] == scheme and r["warmup"] == warmup]
-            if accs:
-                xs.append(depth)
-                ys.append(statistics.mean(accs))
-                es.append(statistics.stdev(accs) if len(accs) > 1 else 0.0)
-        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=_label(scheme, warmup),
-                    linestyle="-" if warmup else "--")
-    depths = sorted({r["depth"] for r in records})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(depths, [str(d) for d in depths])
-    ax.set_xlabel("depth (blocks)")
-    ax.set_ylabel("final test accuracy (%), mean ± std over seeds")
-    ax.set_title("residual-branch scaling vs depth")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    sweep.plot_errorbars(
+        [sweep.Series(_label(scheme, warmup),
+                      {d: [100 * r["final_test_accuracy"] for r in records
+                           if r["depth"] == d and r["scheme"] == scheme and r["warmup"] == warmup]
+                       for d in sorted({r["depth"] for r in records})}, "-" if warmup else "--")
+         for scheme, warmup in _column_names(records)],
+        path, xlabel="depth (blocks)", ylabel="final test accuracy (%), mean ± std over seeds",
+        title="residual-branch scaling vs depth")
 
 
 def plot_loss_curves(records: list[dict], depth: int, path: str) -> None:
-    plt = _plt()
+    plt = sweep.pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     colours = {}
     for r in sorted((r for r in records if r["depth"] == depth), key=lambda r: (r["scheme"], r["seed"])):
@@ -502,7 +346,7 @@ def plot_scale_heatmap(records: list[dict], depth: int, path: str) -> None:
     """mean |λ| (|α|) per layer × branch (rows: layer l attn, layer l mlp) over the evaluations, one panel per
     scheme that has a scale (lowest seed)."""
     import numpy as np
-    plt = _plt()
+    plt = sweep.pyplot()
     runs = [r for r in _first_seed(records, depth) if r["branch_scaling"] != "none"]
     fig, axes = plt.subplots(1, max(len(runs), 1), figsize=(3.2 * max(len(runs), 1), 4), squeeze=False)
     for ax, r in zip(axes[0], runs):
@@ -524,7 +368,7 @@ def plot_scale_heatmap(records: list[dict], depth: int, path: str) -> None:
 
 def plot_ratio_init_end(records: list[dict], depth: int, path: str) -> None:
     """‖scaled branch‖ / ‖stream‖ per layer at step 0 and at the last evaluation, each branch, one panel per scheme."""
-    plt = _plt()
+    plt = sweep.pyplot()
     runs = _first_seed(records, depth)
     fig, axes = plt.subplots(1, max(len(runs), 1), figsize=(3.2 * max(len(runs), 1), 3.6), squeeze=False,
                              sharey=True)
@@ -621,22 +465,9 @@ def measure(depths, sizing: Sizing, steps: int, log=print) -> dict[int, dict]:
 
 
 def estimate_sweep_seconds(costs: dict[int, dict], specs: list[RunSpec], sizing: Sizing) -> float:
-    """Σ over runs of fixed cost + steps × per-step cost, both linear in depth (least squares over the measured
-    depths; the fixed cost of `sizing.evals` evaluations from the one measured, uncached compiles assumed)."""
-    import numpy as np
-    depths = np.array(sorted(costs), float)
-
-    def fit(values):
-        if len(depths) == 1:
-            return 0.0, float(values[0])
-        slope, intercept = np.polyfit(depths, values, 1)
-        return float(slope), float(intercept)
-
-    step_fit = fit([costs[d]["per_step"] for d in sorted(costs)])
-    fixed_fit = fit([costs[d]["setup"] + costs[d]["first_step"] + costs[d]["evaluations"] * sizing.evals
-                     for d in sorted(costs)])
-    line = lambda f, d: max(f[0] * d + f[1], 0.0)  # noqa: E731
-    return sum(line(fixed_fit, s.depth) + sizing.steps * line(step_fit, s.depth) for s in specs)
+    """``sweep.estimate_seconds`` of the grid from ``measure``'s costs per depth, each run ``sizing.steps`` steps
+    with ``sizing.evals`` evaluations."""
+    return sweep.estimate_seconds(costs, [s.depth for s in specs], sizing.steps, sizing.evals)
 
 
 def main(argv=None) -> None:
@@ -658,6 +489,9 @@ def main(argv=None) -> None:
     parser.add_argument("--lr_sweep", action="store_true",
                         help=f"every scheme at depth {LR_SWEEP_DEPTH}, lr in {LR_SWEEP_RATES}, seed 0")
     parser.add_argument("--report", action="store_true", help="only rewrite the outputs from finished runs")
+    parser.add_argument("--shard", default=None, metavar="I/N",
+                        help="train only shard I of N of the grid (one machine of N; merge their OUT/runs/ folders, "
+                             "then --report)")
     parser.add_argument("--measure", type=int, nargs="*", default=None, metavar="DEPTH",
                         help="time one run per depth (default 6 24 96) at SIZING and print the sweep estimate")
     args = parser.parse_args(argv)
@@ -665,6 +499,10 @@ def main(argv=None) -> None:
         values = getattr(args, field)
         if values is not None and any(v < 1 if field == "depths" else v < 0 for v in values):
             raise SystemExit(f"--{field}={values}: depths must be ≥ 1 and seeds ≥ 0")
+    try:
+        which_shard = sweep.parse_shard(args.shard) if args.shard else None
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     sizing = QUICK_SIZING if args.quick else SIZING
     if args.steps is not None:
         if args.steps < 1:
@@ -673,12 +511,12 @@ def main(argv=None) -> None:
     command = "python experiments/depth_ablation.py " + " ".join(sys.argv[1:] if argv is None else argv)
 
     if args.measure is not None:
-        enable_compilation_cache()
+        sweep.enable_compilation_cache()
         costs = measure(args.measure or [6, 24, 96], sizing, steps=min(sizing.steps, 40))
         specs = grid(DEPTHS, DEFAULT_SCHEMES, SEEDS, args.learning_rate, sorted(DEPTHS)[-2:])
-        print(f"default grid: {len(specs)} runs of {sizing.steps} steps, estimated "
-              f"{_fmt_seconds(estimate_sweep_seconds(costs, specs, sizing))} (an upper bound: seeds 1 and 2 reuse "
-              f"compiled programs)")
+        estimate = sweep.format_seconds(estimate_sweep_seconds(costs, specs, sizing))
+        print(f"default grid: {len(specs)} runs of {sizing.steps} steps, estimated {estimate} (an upper bound: "
+              f"seeds 1 and 2 reuse compiled programs)")
         return
     rates = args.learning_rate
     if args.per_scheme_lr:
@@ -692,8 +530,12 @@ def main(argv=None) -> None:
             depths = tuple(args.depths or (QUICK_DEPTHS if args.quick else DEPTHS))
             seeds = tuple(args.seeds if args.seeds is not None else ((0,) if args.quick else SEEDS))
             specs = grid(depths, schemes, seeds, rates, sorted(depths)[-2:])
-        run_sweep(specs, sizing, os.path.join(args.out, "lr_sweep") if args.lr_sweep else args.out, args.dataset,
-                  args.data_dir)
+        out = os.path.join(args.out, "lr_sweep") if args.lr_sweep else args.out
+        run_sweep(sweep.shard(specs, which_shard), sizing, out, args.dataset, args.data_dir)
+        if which_shard:
+            print(f"shard {args.shard} finished; with every shard's {os.path.join(out, 'runs')} copied together, "
+                  "--report writes the outputs")
+            return
     report_dir = os.path.join(args.out, "per_scheme_lr") if args.per_scheme_lr else None
     for what, path in write_reports(args.out, command, lr_sweep=args.lr_sweep, rates=rates,
                                     report_dir=report_dir).items():

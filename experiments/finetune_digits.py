@@ -13,13 +13,17 @@ ImageNet-scale fine-tuning is limited. Steps:
 
 Writes ``experiments/results/finetune/``: ``results.json`` (every run: test accuracy, trainable and total
 parameters, seconds), ``table.md`` (mean ± std over seeds), ``reconstructions.png`` (the MAE run's last
-evaluation); the training workdirs (checkpoints) go to ``runs/finetune_digits/`` (git-ignored). Each run is a
-training workdir, so an interrupted study continues where it stopped and a finished one is read back.
+evaluation); the training workdirs (checkpoints) go to ``runs/finetune_digits/`` (git-ignored). The fine-tuning
+runs are a sweep of ``experiments/sweep.py`` (records in ``runs/finetune_digits/records/runs/``): a finished run is
+read back, an interrupted one continues from its workdir's last checkpoint; ``--report`` rewrites the outputs from
+the records alone.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import shutil
 import sys
@@ -27,9 +31,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
-
+import sweep  # noqa: E402  (records, resume, ETA, statistics, tables)
 from layerscale_jax import lora as lora_lib  # noqa: E402
 from layerscale_jax.optim.config import freeze_patterns  # noqa: E402
 from layerscale_jax.train import finetune as finetune_lib  # noqa: E402
@@ -45,6 +49,29 @@ VARIANTS = (   # name, config argument, pre-trained
     ("linear probe", "mode=linear_probe", True),
     ("from scratch", "mode=scratch", False),
 )
+RESULT_FIELDS = ("variant", "config", "seed", "pretrained", "test_accuracy", "test_loss", "trainable_parameters",
+                 "total_parameters", "train_seconds")     # one run in results.json
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneSpec:
+    variant: str
+    arg: str              # configs/digits_finetune.py's argument
+    pretrained: bool
+    seed: int
+    steps: int
+
+    @property
+    def config_spec(self) -> str:
+        return f"configs/digits_finetune.py:{self.arg},steps={self.steps},seed={self.seed}"
+
+    @property
+    def run_id(self) -> str:                      # also the name of its training workdir
+        return f"{self.arg.replace('=', '-').replace(',', '_')}_seed{self.seed}"
+
+
+def specs(steps: int, seeds) -> list[FinetuneSpec]:
+    return [FinetuneSpec(name, arg, pretrained, seed, steps) for name, arg, pretrained in VARIANTS for seed in seeds]
 
 
 def parameter_counts(config) -> dict[str, int]:
@@ -67,55 +94,74 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default=OUT)
     parser.add_argument("--runs_dir", default=RUNS, help="training workdirs (checkpoints: large, git-ignored)")
+    parser.add_argument("--report", action="store_true", help="only rewrite the outputs from finished runs")
     args = parser.parse_args()
     runs_dir = args.runs_dir
     os.makedirs(runs_dir, exist_ok=True)
 
     mae_dir = os.path.join(runs_dir, "mae")
     mae_config = load_config(os.path.join(ROOT, f"configs/digits_mae.py:steps={args.mae_steps},seed=0"))
-    mae = run(mae_config, mae_dir)
+    if args.report:
+        path = os.path.join(mae_dir, "results.json")
+        if not os.path.exists(path):
+            raise SystemExit(f"--report: the MAE run has not finished ({path} is missing); run without --report")
+        with open(path) as f:
+            mae = json.load(f)
+    else:
+        mae = run(mae_config, mae_dir)
     print(f"MAE pre-training: test reconstruction loss {mae['test_loss']:.4f}", flush=True)
     shutil.copyfile(os.path.join(mae_dir, "reconstructions.png"), os.path.join(args.out, "reconstructions.png"))
 
-    records = []
-    for name, arg, pretrained in VARIANTS:
-        for seed in args.seeds:
-            config = load_config(os.path.join(ROOT, f"configs/digits_finetune.py:{arg},steps={args.steps},seed={seed}"))
-            if pretrained:
-                config.train.init_from = mae_dir
-            workdir = os.path.join(runs_dir, f"{arg.replace('=', '-').replace(',', '_')}_seed{seed}")
-            result = run(config, workdir)
-            counts = parameter_counts(config)
-            records.append({"variant": name, "config": f"configs/digits_finetune.py:{arg},steps={args.steps},"
-                                                      f"seed={seed}", "seed": seed, "pretrained": pretrained,
-                            "test_accuracy": result["test_accuracy"], "test_loss": result["test_loss"],
-                            "trainable_parameters": counts["trainable"], "total_parameters": counts["total"],
-                            "train_seconds": result.get("train_seconds")})
-            print(f"{name} seed {seed}: test accuracy {result['test_accuracy']:.4f}", flush=True)
+    def train(spec: FinetuneSpec) -> dict:
+        config = load_config(os.path.join(ROOT, spec.config_spec))
+        if spec.pretrained:
+            config.train.init_from = mae_dir
+        result = run(config, os.path.join(runs_dir, spec.run_id))
+        counts = parameter_counts(config)
+        return {"variant": spec.variant, "config": spec.config_spec, "seed": spec.seed, "pretrained": spec.pretrained,
+                "test_accuracy": result["test_accuracy"], "test_loss": result["test_loss"],
+                "trainable_parameters": counts["trainable"], "total_parameters": counts["total"],
+                "train_seconds": result.get("train_seconds"), "run_id": spec.run_id,
+                "seconds": result["wall_seconds"], "diverged": not math.isfinite(result["test_loss"])}
 
-    rows = ["| variant | test accuracy (%) mean ± std | seeds | trainable params | total params |",
-            "|---|---|---|---|---|"]
+    grid = specs(args.steps, args.seeds)
+    if not args.report:
+        sweep.run(grid, train, os.path.join(runs_dir, "records"),
+                  outcome=lambda r: f"test accuracy {r['test_accuracy']:.4f}")
+    by_id = {r["run_id"]: r for r in sweep.load_records(os.path.join(runs_dir, "records"))}
+    missing = [spec.run_id for spec in grid if spec.run_id not in by_id]
+    if missing:
+        raise SystemExit(f"no finished record of run(s) {missing} under {runs_dir}/records; run without --report")
+    write_outputs([by_id[spec.run_id] for spec in grid], mae, args.out, args.mae_steps, args.steps, args.seeds)
+
+
+def write_outputs(records: list[dict], mae: dict, out: str, mae_steps: int, steps: int, seeds) -> str:
+    """``results.json`` (every run) and ``table.md`` (mean ± std over seeds per variant) in ``out``; returns the
+    table."""
+    rows = []
     for name, _, _ in VARIANTS:
         mine = [r for r in records if r["variant"] == name]
-        acc = 100 * np.array([r["test_accuracy"] for r in mine])
-        rows.append(f"| {name} | {acc.mean():.2f} ± {acc.std(ddof=1) if len(acc) > 1 else 0.0:.2f} | "
-                    f"{', '.join(f'{a:.2f}' for a in acc)} | {mine[0]['trainable_parameters']:,} | "
-                    f"{mine[0]['total_parameters']:,} |")
-    table = "\n".join(rows)
-    command = (f"python experiments/finetune_digits.py --mae_steps {args.mae_steps} --steps {args.steps} "
-               f"--seeds {' '.join(map(str, args.seeds))}")
-    summary = {"command": command, "mae": {"config": f"configs/digits_mae.py:steps={args.mae_steps},seed=0",
+        acc = [100 * r["test_accuracy"] for r in mine]
+        rows.append([name, sweep.mean_std_cell(acc, digits=2) if len(acc) > 1 else f"{acc[0]:.2f} ± 0.00",
+                     ", ".join(f"{a:.2f}" for a in acc), f"{mine[0]['trainable_parameters']:,}",
+                     f"{mine[0]['total_parameters']:,}"])
+    table = sweep.markdown_table(["variant", "test accuracy (%) mean ± std", "seeds", "trainable params",
+                                  "total params"], rows).rstrip("\n")
+    command = (f"python experiments/finetune_digits.py --mae_steps {mae_steps} --steps {steps} "
+               f"--seeds {' '.join(map(str, seeds))}")
+    summary = {"command": command, "mae": {"config": f"configs/digits_mae.py:steps={mae_steps},seed=0",
                                            "test_reconstruction_loss": mae["test_loss"],
                                            "train_seconds": mae.get("train_seconds")},
-               "finetune_steps": args.steps, "runs": records}
-    with open(os.path.join(args.out, "results.json"), "w") as f:
+               "finetune_steps": steps, "runs": [{k: r[k] for k in RESULT_FIELDS} for r in records]}
+    with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    with open(os.path.join(args.out, "table.md"), "w") as f:
-        f.write(f"Command: `{command}`\n\nMAE pre-training ({args.mae_steps} steps, seed 0): test masked-patch "
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(f"Command: `{command}`\n\nMAE pre-training ({mae_steps} steps, seed 0): test masked-patch "
                 f"reconstruction loss (normalised pixels) {mae['test_loss']:.4f}.\n"
-                f"Fine-tuning: {args.steps} steps of batch 64 for every variant; test accuracy on the 355 test "
+                f"Fine-tuning: {steps} steps of batch 64 for every variant; test accuracy on the 355 test "
                 f"images; std over seeds (ddof 1).\n\n{table}\n")
     print(table)
+    return table
 
 
 if __name__ == "__main__":

@@ -1,0 +1,276 @@
+"""A grid of training runs as a resumable sweep, and what to say about its results: the machinery a study in
+``experiments/`` shares (the depth ablation and the fine-tuning comparison use it).
+
+A study defines its runs (``specs``: any objects with a unique ``run_id``) and how to train one (``train(spec) ->
+record``, a JSON-able dict). ``run`` trains each spec whose record ``OUT/runs/<run_id>.json`` does not exist yet,
+writing the record atomically when the run ends, so a stopped sweep continues where it stopped and a finished run is
+never trained twice. A run that diverges is an outcome, not an error: ``train`` returns its record with
+``diverged=True`` and the tables count it. ``shard(specs, "i/n")`` gives one machine of ``n`` its share of the grid
+(a SLURM array task, one of several hosts); their ``OUT/runs/`` folders merged (copied together, or read together
+with ``load_records(dir1, dir2, ...)``) are the whole sweep's records.
+
+Statistics over the seeds of a cell: mean, sample standard deviation and the t-based 95% confidence interval of the
+mean, ``mean ± t_{0.975, n−1} · s / √n`` (``summarise``); Welch's unequal-variance t-test between two cells
+(``welch``: ``t = (m_a − m_b) / √(s_a²/n_a + s_b²/n_b)`` with Welch–Satterthwaite degrees of freedom, two-sided p).
+Tables are markdown (``markdown_table``, ``mean_std_cell``, ``ci_cell``); ``plot_errorbars`` draws a value against
+an x such as depth, one line per column.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+from typing import Callable, Iterable, Sequence
+
+# ---------------------------------------------------------------------------------------------------------------
+# Records and the resumable, shardable run loop
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def record_path(out: str, run_id: str) -> str:
+    """Where the record of run ``run_id`` of the sweep in ``out`` lives."""
+    return os.path.join(out, "runs", run_id + ".json")
+
+
+def load_records(*outs: str) -> list[dict]:
+    """Every finished run's record under ``OUT/runs/`` of each of ``outs`` (several: the shards of one sweep, run on
+    different machines), sorted by file name. Two different records under one run id are an error naming it."""
+    by_name: dict[str, dict] = {}
+    for out in outs:
+        runs_dir = os.path.join(out, "runs")
+        if not os.path.isdir(runs_dir):
+            continue
+        for name in sorted(os.listdir(runs_dir)):
+            if not name.endswith(".json"):
+                continue
+            with open(os.path.join(runs_dir, name)) as f:
+                record = json.load(f)
+            if name in by_name and by_name[name] != record:
+                raise ValueError(f"two different records of run {name[:-5]!r} (one in {runs_dir}): merge the shards "
+                                 "of one sweep only")
+            by_name[name] = record
+    return [by_name[name] for name in sorted(by_name)]
+
+
+def write_json_atomically(path: str, obj) -> None:
+    """Write ``obj`` as JSON so that ``path`` is either absent or complete (a kill mid-write leaves no record)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` (1 ≤ i ≤ n) → ``(i, n)``; anything else is a ``ValueError`` naming the value."""
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard={text!r} must be i/n, e.g. 1/4 (this machine's share of n)") from None
+    if not 1 <= index <= count:
+        raise ValueError(f"--shard={text!r} must have 1 ≤ i ≤ n")
+    return index, count
+
+
+def shard(specs: Sequence, which: str | tuple[int, int] | None) -> list:
+    """Shard ``i/n`` of ``specs``: every n-th spec from the i-th on, so each shard gets a similar mix of the grid's
+    order (e.g. cheap runs and every seed early). ``None``: all of them."""
+    if which is None:
+        return list(specs)
+    index, count = parse_shard(which) if isinstance(which, str) else which
+    return list(specs[index - 1::count])
+
+
+def format_seconds(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def run(specs: Sequence, train: Callable[[object], dict], out: str, *, cost: Callable[[object], float] = lambda s: 1.0,
+        outcome: Callable[[dict], str] | None = None, log=print) -> list[dict]:
+    """Train every spec without a record in ``out`` (finished runs are skipped), printing progress and an ETA.
+
+    ``train(spec)`` returns the run's record, which must hold ``seconds`` (its wall time) and ``diverged``. The ETA
+    assumes a run's time is proportional to ``cost(spec)`` (e.g. the depth) and extrapolates from the runs trained
+    in this session. ``outcome(record)`` is the log's word on a finished run (default: ``DIVERGED`` or ``done``)."""
+    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
+    todo = [s for s in specs if not os.path.exists(record_path(out, s.run_id))]
+    done_before = len(specs) - len(todo)
+    log(f"{len(specs)} runs in the grid, {done_before} already finished, {len(todo)} to train")
+    seconds_done, cost_done = 0.0, 0.0
+    cost_left = sum(cost(s) for s in todo)
+    for i, spec in enumerate(todo):
+        record = train(spec)
+        write_json_atomically(record_path(out, spec.run_id), record)
+        seconds_done += record["seconds"]
+        cost_done += cost(spec)
+        cost_left -= cost(spec)
+        eta = cost_left * seconds_done / cost_done if cost_done > 0 else math.nan
+        said = "DIVERGED" if record["diverged"] else (outcome(record) if outcome else "done")
+        log(f"[{done_before + i + 1}/{len(specs)} runs done] {spec.run_id}: {said} in {record['seconds']:.1f} s"
+            f" | ETA {format_seconds(eta)}")
+    return load_records(out)
+
+
+def enable_compilation_cache(directory: str | None = None) -> None:
+    """JAX's persistent compilation cache: the seeds of a cell (and a resumed sweep) reuse the compiled train,
+    eval and diagnostics steps, which differ only in their data, not their program."""
+    import jax
+    directory = directory or os.path.join(os.path.expanduser("~"), ".cache", "layerscale_jax", "xla")
+    if not jax.config.jax_compilation_cache_dir:
+        os.makedirs(directory, exist_ok=True)
+        jax.config.update("jax_compilation_cache_dir", directory)
+
+
+def estimate_seconds(costs: dict[float, dict], xs: Sequence[float], steps: int, evals: int) -> float:
+    """The wall time of runs at sizes ``xs`` (e.g. each run's depth) from ``costs[x]`` measured at a few sizes
+    (``setup``, ``first_step``, ``per_step``, ``evaluations`` in seconds, of a run with one evaluation): Σ over runs
+    of fixed cost + ``steps`` × per-step cost, both linear in x (least squares over the measured sizes; the fixed
+    cost is setup + first step + ``evals`` evaluations, uncached compiles assumed)."""
+    import numpy as np
+    measured = np.array(sorted(costs), float)
+
+    def fit(values):
+        if len(measured) == 1:
+            return 0.0, float(values[0])
+        slope, intercept = np.polyfit(measured, values, 1)
+        return float(slope), float(intercept)
+
+    step_fit = fit([costs[x]["per_step"] for x in sorted(costs)])
+    fixed_fit = fit([costs[x]["setup"] + costs[x]["first_step"] + costs[x]["evaluations"] * evals
+                     for x in sorted(costs)])
+    line = lambda f, x: max(f[0] * x + f[1], 0.0)  # noqa: E731
+    return sum(line(fixed_fit, x) + steps * line(step_fit, x) for x in xs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """The seeds of one cell: count, mean, sample standard deviation (ddof 1; 0 for one value) and the t-based
+    confidence interval of the mean (``(mean, mean)`` for one value: no interval can be stated)."""
+    n: int
+    mean: float
+    std: float
+    ci_low: float
+    ci_high: float
+
+
+def summarise(values: Iterable[float], confidence: float = 0.95) -> Summary:
+    """``Summary`` of ``values``: the CI is ``mean ± t_{(1+confidence)/2, n−1} · s / √n`` (Student's t)."""
+    from scipy import stats
+
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("summarise: no values")
+    mean = statistics.mean(values)
+    if len(values) == 1:
+        return Summary(1, mean, 0.0, mean, mean)
+    std = statistics.stdev(values)
+    half = float(stats.t.ppf((1 + confidence) / 2, len(values) - 1)) * std / math.sqrt(len(values))
+    return Summary(len(values), mean, std, mean - half, mean + half)
+
+
+@dataclasses.dataclass(frozen=True)
+class Welch:
+    t: float
+    dof: float
+    p: float             # two-sided
+
+
+def welch(a: Iterable[float], b: Iterable[float]) -> Welch:
+    """Welch's t-test of equal means without assuming equal variances (at least two values in each)."""
+    from scipy import stats
+
+    a, b = [float(v) for v in a], [float(v) for v in b]
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"welch: needs at least 2 values per group, got {len(a)} and {len(b)}")
+    result = stats.ttest_ind(a, b, equal_var=False)
+    return Welch(float(result.statistic), float(result.df), float(result.pvalue))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tables and plots
+# ---------------------------------------------------------------------------------------------------------------
+def diverged_note(diverged: int, n: int) -> str:
+    return f" ({diverged}/{n} diverged)" if diverged else ""
+
+
+def mean_std_cell(values: Sequence[float], diverged: int = 0, digits: int = 1) -> str:
+    """``"mean ± std"`` (one value: the value; none: ``–``), then ``(k/n diverged)`` when k > 0."""
+    if not values:
+        return "–"
+    s = summarise(values)
+    text = f"{s.mean:.{digits}f}" if s.n == 1 else f"{s.mean:.{digits}f} ± {s.std:.{digits}f}"
+    return text + diverged_note(diverged, len(values))
+
+
+def ci_cell(values: Sequence[float], diverged: int = 0, digits: int = 1) -> str:
+    """``"mean [low, high]"`` with the 95% CI of ``summarise`` (one value: the value; none: ``–``)."""
+    if not values:
+        return "–"
+    s = summarise(values)
+    text = f"{s.mean:.{digits}f}"
+    if s.n > 1:
+        text += f" [{s.ci_low:.{digits}f}, {s.ci_high:.{digits}f}]"
+    return text + diverged_note(diverged, len(values))
+
+
+def write_csv(records: Iterable[dict], path: str, fields: Sequence[str]) -> None:
+    """One row per record (in the given order), the columns ``fields``."""
+    import csv
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for r in records:
+            writer.writerow({k: r[k] for k in fields})
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A markdown table (``|---|`` under the header), ending in a newline."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """One line of ``plot_errorbars``: ``values[x]`` are the seeds' values at ``x``."""
+    label: str
+    values: dict
+    linestyle: str = "-"
+
+
+def plot_errorbars(series: Sequence[Series], path: str, *, xlabel: str, ylabel: str, title: str,
+                   log2_x: bool = True) -> None:
+    """Mean ± sample std of each series against x, one line each; x ticks at the x values measured."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs_all = sorted({x for s in series for x in s.values})
+    for s in series:
+        xs = [x for x in xs_all if s.values.get(x)]
+        summaries = [summarise(s.values[x]) for x in xs]
+        ax.errorbar(xs, [m.mean for m in summaries], yerr=[m.std for m in summaries], marker="o", capsize=3,
+                    label=s.label, linestyle=s.linestyle)
+    if log2_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(xs_all, [str(x) for x in xs_all])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,119 @@
+"""Specifications of the sweep runner shared by the studies in experiments/ (experiments/sweep.py): resume, shards,
+divergence as an outcome, the ETA, and the statistics checked against hand computations."""
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
+import sweep  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    size: int
+
+    @property
+    def run_id(self):
+        return self.name
+
+
+SPECS = [Spec("a", 1), Spec("b", 2), Spec("c", 3), Spec("d", 4), Spec("e", 5)]
+
+
+def fake_train(trained):
+    def train(spec):
+        trained.append(spec.run_id)
+        return {"run_id": spec.run_id, "value": spec.size / 10, "seconds": float(spec.size),
+                "diverged": spec.name == "c"}
+    return train
+
+
+def test_a_resumed_sweep_trains_only_the_runs_without_a_record(tmp_path):
+    trained, lines = [], []
+    sweep.run(SPECS[:2], fake_train(trained), str(tmp_path), log=lines.append)
+    records = sweep.run(SPECS, fake_train(trained), str(tmp_path), log=lines.append)
+    assert trained == ["a", "b", "c", "d", "e"]
+    assert lines[3] == "5 runs in the grid, 2 already finished, 3 to train"
+    assert [r["run_id"] for r in records] == ["a", "b", "c", "d", "e"]
+    assert sorted(os.listdir(tmp_path / "runs")) == [f"{x}.json" for x in "abcde"]      # no .tmp left behind
+
+
+def test_a_diverged_run_is_a_record_and_a_log_line_not_an_exception(tmp_path):
+    lines = []
+    records = sweep.run(SPECS, fake_train([]), str(tmp_path), outcome=lambda r: f"value {r['value']}",
+                        log=lines.append)
+    assert {r["run_id"]: r["diverged"] for r in records} == dict(a=False, b=False, c=True, d=False, e=False)
+    assert "] c: DIVERGED in 3.0 s" in lines[3] and "] a: value 0.1 in 1.0 s" in lines[1]
+
+
+def test_the_eta_extrapolates_seconds_per_unit_of_cost(tmp_path):
+    lines = []
+    sweep.run(SPECS, fake_train([]), str(tmp_path), cost=lambda s: s.size, log=lines.append)
+    # a run takes 1 s per unit of size: after a (1 s), b, c, d, e (2+3+4+5 = 14 units) are left
+    assert lines[1].endswith("ETA 0:00:14") and lines[-1].endswith("ETA 0:00:00")
+
+
+def test_shards_split_the_grid_into_disjoint_parts_whose_records_merge_into_the_whole(tmp_path):
+    parts = [sweep.shard(SPECS, f"{i}/3") for i in (1, 2, 3)]
+    assert [[s.run_id for s in p] for p in parts] == [["a", "d"], ["b", "e"], ["c"]]
+    for i, part in enumerate(parts):
+        sweep.run(part, fake_train([]), str(tmp_path / f"machine{i}"), log=lambda line: None)
+    merged = sweep.load_records(*(str(tmp_path / f"machine{i}") for i in range(3)))
+    assert [r["run_id"] for r in merged] == ["a", "b", "c", "d", "e"]
+    assert sweep.shard(SPECS, None) == SPECS
+
+
+def test_records_that_disagree_under_one_run_id_refuse_to_merge(tmp_path):
+    for i, value in enumerate((1, 2)):
+        os.makedirs(tmp_path / f"m{i}" / "runs")
+        (tmp_path / f"m{i}" / "runs" / "a.json").write_text(json.dumps({"value": value}))
+    with pytest.raises(ValueError, match="two different records of run 'a'"):
+        sweep.load_records(str(tmp_path / "m0"), str(tmp_path / "m1"))
+
+
+@pytest.mark.parametrize("text", ["0/2", "3/2", "1", "a/b", "1/2/3"])
+def test_a_bad_shard_is_an_error_naming_it(text):
+    with pytest.raises(ValueError, match=f"--shard={text!r}"):
+        sweep.parse_shard(text)
+
+
+def test_summary_mean_std_and_t_confidence_interval_match_a_hand_computation():
+    s = sweep.summarise([1, 2, 3, 4, 5])
+    # mean 3, s² = 10/4 = 2.5; t(0.975, 4) = 2.776 (printed t tables); half-width 2.776 · √2.5 / √5 = 1.963
+    assert (s.n, s.mean, s.std) == (5, 3.0, pytest.approx(math.sqrt(2.5)))
+    assert s.ci_low == pytest.approx(3 - 1.9632, abs=2e-4) and s.ci_high == pytest.approx(3 + 1.9632, abs=2e-4)
+    one = sweep.summarise([0.7])
+    assert (one.mean, one.std, one.ci_low, one.ci_high) == (0.7, 0.0, 0.7, 0.7)
+
+
+def student_t_two_sided_p(t, dof):
+    """P(|T| ≥ |t|) for Student's t with ``dof`` degrees of freedom, by integrating its density (trapezoid rule)."""
+    x = np.linspace(-abs(t), abs(t), 200_001)
+    density = (math.gamma((dof + 1) / 2) / (math.sqrt(dof * math.pi) * math.gamma(dof / 2))
+               * (1 + x ** 2 / dof) ** (-(dof + 1) / 2))
+    return 1.0 - np.trapezoid(density, x)
+
+
+def test_welch_t_test_matches_a_hand_computation():
+    a, b = [1, 2, 3, 4, 5], [2, 4, 6, 8, 10]
+    w = sweep.welch(a, b)
+    # variances of the means 2.5/5 = 0.5 and 10/5 = 2; t = (3 − 6)/√2.5; dof = 2.5² / (0.5²/4 + 2²/4)
+    assert w.t == pytest.approx(-3 / math.sqrt(2.5))
+    assert w.dof == pytest.approx(6.25 / 1.0625)
+    assert w.p == pytest.approx(student_t_two_sided_p(w.t, w.dof), abs=1e-6)
+    assert w.p == pytest.approx(0.1075, abs=1e-4)
+    with pytest.raises(ValueError, match="at least 2 values"):
+        sweep.welch([1.0], b)
+
+
+def test_cells_state_mean_and_spread_and_count_diverged_runs():
+    assert sweep.mean_std_cell([80.0, 90.0], diverged=1) == "85.0 ± 7.1 (1/2 diverged)"
+    assert sweep.mean_std_cell([42.0]) == "42.0" and sweep.mean_std_cell([]) == "–"
+    assert sweep.ci_cell([1, 2, 3, 4, 5]) == "3.0 [1.0, 5.0]"
+    assert sweep.markdown_table(["x", "y"], [[1, "a"]]) == "| x | y |\n|---|---|\n| 1 | a |\n"
