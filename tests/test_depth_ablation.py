@@ -187,3 +187,23 @@ def test_readme_depth_ablation_table_quotes_the_committed_tables():
     for label, *values in rows:
         scheme = columns[label]
         assert values == [shared[(scheme, d)] for d in ("6", "12", "24", "48", "96")] + [own[(scheme, "96")]], label
+
+
+def test_the_committed_tables_are_what_the_committed_run_records_give(tmp_path):
+    """Regenerating from ``experiments/results/depth_ablation/runs`` reproduces both protocols' table and CSV."""
+    results = os.path.join(da.ROOT, "experiments", "results", "depth_ablation")
+    records = da.load_records(results)
+    rates = da.best_learning_rates(os.path.join(results, "lr_sweep"), da.DEFAULT_SCHEMES)
+    for rate, where in ((da.RECIPE["learning_rate"], results), (rates, os.path.join(results, "per_scheme_lr"))):
+        chosen = da.select_rates(records, rate)
+        committed = open(os.path.join(where, "table.md")).read()
+        title = committed.split("\n\n| depth")[0]
+        da.write_table(chosen, str(tmp_path / "table.md"), title)
+        da.write_csv(chosen, str(tmp_path / "results.csv"))
+        assert (tmp_path / "table.md").read_text() == committed
+        assert (tmp_path / "results.csv").read_text() == open(os.path.join(where, "results.csv")).read()
+
+
+def test_a_bad_shard_stops_the_command_naming_it():
+    with pytest.raises(SystemExit, match="--shard='5/4' must have 1 ≤ i ≤ n"):
+        da.main(["--shard", "5/4", "--out", "/nonexistent"])

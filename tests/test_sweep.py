@@ -117,3 +117,16 @@ def test_cells_state_mean_and_spread_and_count_diverged_runs():
     assert sweep.mean_std_cell([42.0]) == "42.0" and sweep.mean_std_cell([]) == "–"
     assert sweep.ci_cell([1, 2, 3, 4, 5]) == "3.0 [1.0, 5.0]"
     assert sweep.markdown_table(["x", "y"], [[1, "a"]]) == "| x | y |\n|---|---|\n| 1 | a |\n"
+
+
+def test_the_finetune_study_on_the_runner_reproduces_its_committed_table(tmp_path):
+    import finetune_digits as fd
+    results = os.path.join(os.path.dirname(fd.__file__), "results", "finetune")
+    with open(os.path.join(results, "results.json")) as f:
+        committed = json.load(f)
+    mae = {"test_loss": committed["mae"]["test_reconstruction_loss"],
+           "train_seconds": committed["mae"]["train_seconds"]}
+    assert [s.config_spec for s in fd.specs(600, (0, 1, 2))] == [r["config"] for r in committed["runs"]]
+    fd.write_outputs(committed["runs"], mae, str(tmp_path), 1500, committed["finetune_steps"], [0, 1, 2])
+    for name in ("table.md", "results.json"):
+        assert (tmp_path / name).read_text() == open(os.path.join(results, name)).read(), name
