@@ -1,5 +1,6 @@
 """Smoke tests of the benchmark suite at toy sizes: the step, the timm and big_vision sides, the FLOP counts, the
-fresh-process probe, the printer and the README table; the bench modules import one way and need no data stack."""
+fresh-process probe, the printer and docs/performance.md's table; the bench modules import one way and need no
+data stack."""
 import ast
 import json
 import subprocess

@@ -307,7 +307,7 @@ entry("optimizer", "layout depth layer_decay leaves ours_s plain_s ratio ratio_p
 
 @entry("report")
 def read_report(*results_json: str) -> str:
-    """The README Performance table (markdown) from results files of ``all`` (one per CPU kind, rows side by side)."""
+    """docs/performance.md's table (markdown) from results files of ``all`` (one per CPU kind, rows side by side)."""
     return report(*(json.loads(Path(path).read_text()) for path in results_json))
 
 

@@ -1,4 +1,4 @@
-"""Printing results: one generic printer for every entry (``show``) and the README's Performance table (``report``).
+"""Printing results: one generic printer for every entry (``show``) and docs/performance.md's table (``report``).
 
 A value is formatted by its key: ``*_s`` seconds (ms below 1 s), ``*_bytes`` MiB, ``*flop_per_s`` GFLOP/s,
 ``*flops*`` GFLOP, ``mfu``/``hfu`` percent, ``*overhead`` signed percent, ``target_met`` met/MISSED. No jax here.
@@ -57,7 +57,7 @@ def show(result, columns: tuple = ()) -> None:
 
 
 def report(*files: dict) -> str:
-    """The README's Performance table (markdown) from one or more results files of ``all`` (e.g. one per CPU kind):
+    """docs/performance.md's table (markdown) from one or more results files of ``all`` (e.g. one per CPU kind):
     each row names its CPU (from the row's or its entry's ``machine``, else the file's); a benchmark measured in
     several files gets one row per file, next to each other, in the first file's order."""
     rows, notes, footers = {}, [], []
