@@ -3,16 +3,18 @@
 Order (train). The global stream is a sequence of positions q = 0, 1, 2, ...; position q is record
 `perm_e[q mod N]` of epoch e = q // N, where perm_e is a permutation of the N train records seeded by (seed, e), so
 every epoch visits every record once, reshuffled per epoch, and batches run on across epoch boundaries (an infinite
-stream has no remainder to drop). Global batch j is positions [j G, (j + 1) G); process p of P reads only its slice
-[j G + p b, j G + (p + 1) b), b = G / P; in general a process reads the rows [lo, hi) of each global batch that its
-devices hold (`rows`, derived from the batch sharding by the train loop: processes whose devices hold the same rows,
-e.g. tensor parallelism spanning processes, read the same data). The batches an example lands in therefore do not
-depend on the number of processes.
+stream has no remainder to drop). Global batch j is positions [j G, (j + 1) G): its row i is position j G + i. A
+process reads only the rows of each global batch that its devices hold: `rows`, sorted ``(start, stop)`` blocks
+derived from the batch sharding by the train loop (`data.sharding.process_batch_rows`; any number of blocks, as a
+TPU topology or a multi-slice mesh lays them out; processes whose devices hold the same rows, e.g. tensor
+parallelism spanning processes, read the same data), by default the p-th of P equal slices [p b, (p + 1) b),
+b = G / P. Its local batch is those rows in increasing order. The batch an example lands in, and its row there,
+therefore do not depend on the number of processes or the device layout.
 
 Randomness. Batch j's augmentation parameters are drawn from a generator seeded by (seed, j) for all G images of
-the global batch, and each process uses its slice; per-image crops use a generator seeded by (seed, q). So batches
-are a pure function of (config, seed, j): the number of grain workers, prefetch threads or processes changes
-nothing.
+the global batch, and each process takes its rows; per-image crops use a generator seeded by (seed, q). So row i of
+batch j is a pure function of (config, seed, j, i): the number of grain workers, prefetch threads or processes and
+the mesh's device order change nothing. (Mixup/CutMix run later, inside the jitted step on the global batch.)
 
 Execution. `grain.MapDataset.range(j0, ...).map(batch_fn)` -> `to_iter_dataset` (prefetch threads) -> optional
 `mp_prefetch` (worker processes). One grain element is one batch: records are read in a batch read, fixed-size
@@ -21,8 +23,10 @@ batch rather than once per image. (`grain.DataLoader` with an `IndexSampler` pay
 5k images/s even with no-op transforms on this machine: too slow for `digits`.)
 
 Resume. `get_state()` is a small JSON-able dict (next batch index, records already taken from a partly used batch,
-bad-record count); `set_state` restarts grain at that batch. States agree across processes unless records were
-skipped, and a state without a partly used batch (`offset == 0`) can be restored on another process count.
+bad-record count, the rows read); `set_state` restarts grain at that batch. States agree across processes unless
+records were skipped, and a state without a partly used batch (`offset == 0`) can be restored on another process
+count or device layout; one with a partly used batch only on the same rows (a state saved as one contiguous
+``[lo, hi]`` reads as ``[[lo, hi]]``).
 
 Bad records. A label outside [0, num_classes) or an undecodable image raises `BadRecordError` naming the record;
 with `skip_bad_records`, it is dropped and counted (`iterator.bad_records`); train batches are refilled from the
@@ -39,6 +43,7 @@ import numpy as np
 from layerscale_jax.data import sources, transforms
 from layerscale_jax.data.config import DIGITS, SYNTHETIC, validate_data_config
 from layerscale_jax.data.randaugment import rand_augment
+from layerscale_jax.data.sharding import normalize_rows, row_indices
 from layerscale_jax.data.sources import BadRecordError
 
 STATE_VERSION = 1
@@ -208,13 +213,17 @@ def _build_cache(records, element_fn):
 
 @dataclasses.dataclass
 class _Geometry:
-    """This process reads rows [lo, lo + per_process) of every global batch."""
+    """This process reads the rows `rows` (sorted ``(start, stop)`` blocks) of every global batch; `index` holds
+    their global row indices in local order."""
     global_batch: int
-    per_process: int
-    lo: int
+    rows: tuple
+
+    def __post_init__(self):
+        self.index = row_indices(self.rows)
+        self.per_process = len(self.index)
 
     def positions(self, j):
-        return j * self.global_batch + self.lo + np.arange(self.per_process, dtype=np.int64)
+        return j * self.global_batch + self.index
 
 
 class _TrainBatch:
@@ -256,10 +265,11 @@ class _TrainBatch:
         return {"image": self.augment_and_normalize(x, j), "label": labels, "_valid": valid}
 
     def draw(self, j):
-        """Random parameters of batch j, drawn for the whole global batch (seeded by (seed, j)), then sliced."""
+        """Random parameters of batch j, drawn for the whole global batch (seeded by (seed, j)), then this
+        process's rows taken."""
         aug, g = self.aug, self.g
         rng = np.random.default_rng([self.seed, 1, int(j)])
-        n, sl = g.global_batch, slice(g.lo, g.lo + g.per_process)
+        n, sl = g.global_batch, g.index
         params = {}
         if aug.crop_padding:
             params["offsets"] = rng.integers(0, 2 * aug.crop_padding + 1, size=(n, 2))[sl]
@@ -450,7 +460,7 @@ class TrainIterator:
                     f"iterator state has {field}={state.get(field)!r} but this iterator has {self._meta[field]!r}"
                 )
         offset = int(state["offset"])
-        if offset and state.get("rows") != self._meta["rows"]:
+        if offset and _saved_rows(state.get("rows")) != self._meta["rows"]:
             # A partly used batch (records were skipped): only the rows this state was read with are meaningful.
             raise ValueError(
                 f"iterator state with a partly used batch (offset={offset}) was saved for rows "
@@ -523,21 +533,19 @@ class EvalIterator:
 
 
 def _rows(global_batch_size, process_index, process_count, rows):
-    """The rows ``(lo, hi)`` of each global batch that this process reads.
+    """The rows of each global batch that this process reads: sorted, merged ``(start, stop)`` blocks.
 
-    ``rows`` is given by the train loop, derived from the batch sharding (``data.sharding.process_batch_rows``): when
-    the mesh's batch axes do not span the processes, several processes read the same rows. Otherwise process ``p``
-    of ``P`` reads ``[p b, (p + 1) b)``, ``b = G / P`` (default: this JAX process of all of them).
+    ``rows`` is given by the train loop, derived from the batch sharding (``data.sharding.process_batch_rows``): any
+    number of blocks, in any order; when the mesh's batch axes do not span the processes, several processes read the
+    same rows. Otherwise process ``p`` of ``P`` reads ``[p b, (p + 1) b)``, ``b = G / P`` (default: this JAX process
+    of all of them).
     """
     if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
         raise ValueError(f"global_batch_size must be a positive int, got {global_batch_size!r}")
     if rows is not None:
         if process_index is not None or process_count is not None:
             raise ValueError("give either rows or process_index/process_count, not both")
-        lo, hi = (int(r) for r in rows)
-        if not 0 <= lo < hi <= global_batch_size:
-            raise ValueError(f"rows={tuple(rows)!r} must satisfy 0 <= lo < hi <= global_batch_size={global_batch_size}")
-        return lo, hi
+        return normalize_rows(rows, global_batch_size)
     if process_index is None or process_count is None:
         import jax
 
@@ -552,25 +560,32 @@ def _rows(global_batch_size, process_index, process_count, rows):
             f"global_batch_size={global_batch_size} is not divisible by process_count={process_count}"
         )
     b = global_batch_size // process_count
-    return process_index * b, (process_index + 1) * b
+    return ((process_index * b, (process_index + 1) * b),)
+
+
+def _saved_rows(rows):
+    """The ``rows`` of a saved state as ``[[start, stop], ...]``; states written before rows could be several
+    blocks hold one ``[lo, hi]``."""
+    if isinstance(rows, (list, tuple)) and len(rows) == 2 and all(isinstance(r, int) for r in rows):
+        return [list(rows)]
+    return rows
 
 
 def make_train_iterator(data_config, *, global_batch_size, seed, process_index=None, process_count=None, rows=None):
     """Infinite, deterministic, per-process sharded, exactly resumable train iterator (see module docstring).
 
-    This process yields rows ``[lo, hi)`` of every global batch: ``rows=(lo, hi)``, or the ``process_index``-th of
+    This process yields the same rows of every global batch, in increasing order: ``rows`` (``(start, stop)``
+    blocks, e.g. ``data.sharding.process_batch_rows(mesh, global_batch_size)``), or the ``process_index``-th of
     ``process_count`` equal slices (default: from JAX).
     """
     settings = validate_data_config(data_config)
-    lo, hi = _rows(global_batch_size, process_index, process_count, rows)
-    b = hi - lo
+    geometry = _Geometry(global_batch_size, _rows(global_batch_size, process_index, process_count, rows))
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     seed = int(seed)
     train_src, _, num_classes, channels = sources.open_sources(settings)
     mean, std = normalization(settings.name, channels)
     records = _Records(train_src, channels, num_classes, settings.skip_bad_records)
-    geometry = _Geometry(global_batch_size, b, lo)
     fn = _TrainBatch(settings, records, None, None, seed, geometry, channels, mean, std)
     cache = None
     if settings.cache:
@@ -585,9 +600,9 @@ def make_train_iterator(data_config, *, global_batch_size, seed, process_index=N
         "seed": seed,
         "global_batch_size": global_batch_size,
         "num_records": num_records,
-        "rows": [lo, hi],
+        "rows": [list(block) for block in geometry.rows],
     }
-    return TrainIterator(fn, b, settings, meta, cache.skipped if cache is not None else 0)
+    return TrainIterator(fn, geometry.per_process, settings, meta, cache.skipped if cache is not None else 0)
 
 
 def make_eval_iterator(data_config, *, global_batch_size, process_index=None, process_count=None, rows=None):
@@ -596,14 +611,13 @@ def make_eval_iterator(data_config, *, global_batch_size, process_index=None, pr
     ``rows`` / ``process_index``, ``process_count`` as for ``make_train_iterator``.
     """
     settings = validate_data_config(data_config)
-    lo, hi = _rows(global_batch_size, process_index, process_count, rows)
-    b = hi - lo
+    geometry = _Geometry(global_batch_size, _rows(global_batch_size, process_index, process_count, rows))
     _, eval_src, num_classes, channels = sources.open_sources(settings)
     mean, std = normalization(settings.name, channels)
     records = _Records(eval_src, channels, num_classes, settings.skip_bad_records)
     n = len(eval_src)
     num_batches = -(-n // global_batch_size)
-    fn = _EvalBatch(settings, records, n, _Geometry(global_batch_size, b, lo), channels, mean, std)
+    fn = _EvalBatch(settings, records, n, geometry, channels, mean, std)
     return EvalIterator(fn, num_batches, settings)
 
 

@@ -15,7 +15,10 @@ A full experiment config (see ``configs/``) has four sections (and an optional `
   eval_every          steps between evaluations on the test split (0: only at the end).
   checkpoint_every    steps between checkpoints (0: only at the end and on preemption).
   keep_checkpoints    the newest checkpoints kept (the best one by test accuracy is kept as well).
-  mesh.data, mesh.fsdp, mesh.tensor   device-mesh axis sizes; one may be -1 (the remaining devices).
+  mesh.data, mesh.fsdp, mesh.tensor   device-mesh axis sizes (within one slice); one may be -1 (the remaining
+                      devices).
+  mesh.dcn_data, mesh.dcn_fsdp, mesh.dcn_tensor   slices along each axis (multi-slice TPU; processes where devices
+                      carry no slice), default 1; mesh axis a has dcn_a × a devices (``train.sharding.make_mesh``).
   sharding_rules      (logical axis, mesh axis or None) pairs: where each parameter dimension is sharded.
   nonfinite           'raise': a NaN/Inf loss or gradient norm stops the run, naming the step and the last good
                       checkpoint; 'skip': the update is skipped and counted (``nonfinite_steps``).
@@ -45,7 +48,7 @@ import ml_collections
 from layerscale_jax.cli import UserError, did_you_mean
 from layerscale_jax.models import model_config
 from layerscale_jax.models.registry import get_entry
-from layerscale_jax.train.sharding import DEFAULT_RULES, MESH_AXES
+from layerscale_jax.train.sharding import DEFAULT_RULES, MESH_FIELDS, validate_mesh_config
 
 NONFINITE_MODES = ("raise", "skip")
 
@@ -88,7 +91,7 @@ def default_train_config() -> ml_collections.ConfigDict:
         "eval_every": 0,
         "checkpoint_every": 0,
         "keep_checkpoints": 2,
-        "mesh": {"data": -1, "fsdp": 1, "tensor": 1},
+        "mesh": {"data": -1, "fsdp": 1, "tensor": 1, "dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1},
         "sharding_rules": DEFAULT_RULES,
         "nonfinite": "raise",
         "init_from": "",
@@ -122,11 +125,8 @@ def validate_train_config(train) -> None:
         value = train[field]
         if not _is_int(value) or value < 0:
             raise ValueError(f"train.{field}={value!r} must be a non-negative integer")
-    _check_fields(train.mesh, MESH_AXES, "train.mesh.")
-    for axis in MESH_AXES:
-        value = train.mesh.get(axis, 1)
-        if not _is_int(value) or (value < 1 and value != -1):
-            raise ValueError(f"train.mesh.{axis}={value!r} must be a positive integer or -1 (the remaining devices)")
+    _check_fields(train.mesh, MESH_FIELDS, "train.mesh.")
+    validate_mesh_config(train.mesh)
     if train.nonfinite not in NONFINITE_MODES:
         raise ValueError(f"train.nonfinite={train.nonfinite!r} is not one of {NONFINITE_MODES}")
     if not isinstance(train.init_from, str):

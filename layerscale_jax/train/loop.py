@@ -194,6 +194,8 @@ def create_trainer(config, mesh) -> Trainer:
     task = tasks_lib.for_model(abstract_model, info.eval_split)
     optim_config = finetune_lib.optim_config(config, abstract_model)
     bundle = optim.build(optim_config, abstract_model, total_steps=tc.steps)
+    shard_lib.check_tensor_parallelism(config.model.name, abstract_model, mesh, tc.sharding_rules,
+                                       config.model.scan_layers)
     param_sharding = shard_lib.param_shardings(abstract_params, mesh, tc.sharding_rules,
                                                config.model.scan_layers)
     use_ema = config.optim.ema_decay > 0

@@ -5,7 +5,12 @@ state sharded) and ``tensor`` (tensor-parallel attention heads and MLP hidden un
 ``data`` and ``fsdp``. Each parameter has logical axis names (``embed``, ``heads``, ``mlp``, ``classes``,
 ``layers``), and the config's rules map each logical name to a mesh axis (or ``None``: replicated), e.g.
 ``embed → fsdp``, ``heads → tensor``, ``mlp → tensor``. A dimension that the mesh axis does not divide stays
-replicated.
+replicated, except on ``tensor``: there it is an error (``check_tensor_parallelism``), since a split head makes
+every block gather its activations.
+
+The mesh's device order comes from ``jax.experimental.mesh_utils`` (the physical topology; across slices or
+processes with ``mesh.dcn_*``: ``mesh_devices``); each process reads the batch rows its devices hold, whatever order
+that gives (``data.sharding``).
 """
 from __future__ import annotations
 
@@ -17,11 +22,16 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from layerscale_jax.layers.partitioning import activation_sharding, logical_to_spec
 
 MESH_AXES = ("data", "fsdp", "tensor")
+# Parallelism across slices (TPU multi-slice, over the data-centre network) or, where devices carry no slice, across
+# processes: ``mesh.dcn_<axis>`` granules along each axis (MaxText's ``dcn_*``), ``mesh.<axis>`` devices within one.
+DCN_AXES = tuple(f"dcn_{axis}" for axis in MESH_AXES)
+MESH_FIELDS = MESH_AXES + DCN_AXES
 BATCH_AXES = ("data", "fsdp")
 
 # Default logical → mesh axis rules: FSDP over the embedding dimension, tensor parallelism over heads and MLP.
@@ -34,33 +44,92 @@ DEFAULT_RULES = (
 )
 
 
+def granules(devices: Sequence[Any]) -> tuple[str, list[list[Any]]]:
+    """``(kind, groups)``: the devices grouped by slice when they span several (``slice_index``: a multi-slice TPU
+    job), else by process (CPU and GPU devices carry no slice), each group sorted by its key."""
+    kind = "slice" if len({getattr(d, "slice_index", 0) for d in devices}) > 1 else "process"
+    attribute = "slice_index" if kind == "slice" else "process_index"
+    groups: dict[int, list] = {}
+    for d in devices:
+        groups.setdefault(getattr(d, attribute), []).append(d)
+    return kind, [groups[k] for k in sorted(groups)]
+
+
+def _sizes(mesh_config: Mapping[str, int], fields: Sequence[str], allow_fill: bool) -> dict[str, int]:
+    sizes = {}
+    for field in fields:
+        value = mesh_config.get(field, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and not (allow_fill and value == -1)):
+            raise ValueError(f"train.mesh.{field}={value!r} must be a positive integer"
+                             + (" or -1 (the remaining devices)" if allow_fill else ""))
+        sizes[field] = value
+    return sizes
+
+
+def validate_mesh_config(mesh_config: Mapping[str, int]) -> dict[str, int]:
+    """``config.train.mesh`` checked field by field: ``data``, ``fsdp``, ``tensor`` positive integers or -1 (at
+    most one), ``dcn_*`` positive integers. Returns the within-granule sizes."""
+    ici = _sizes(mesh_config, MESH_AXES, allow_fill=True)
+    _sizes(mesh_config, DCN_AXES, allow_fill=False)
+    fill = [a for a in MESH_AXES if ici[a] == -1]
+    if len(fill) > 1:
+        raise ValueError(f"train.mesh: at most one of data, fsdp, tensor may be -1, got {', '.join(fill)} = -1")
+    return ici
+
+
+def mesh_devices(mesh_config: Mapping[str, int], devices: Sequence[Any]) -> np.ndarray:
+    """The ``devices`` arranged as the ``data × fsdp × tensor`` mesh of ``mesh_config`` (a pure function of the
+    device objects, so mock TPU devices work too).
+
+    ``mesh.<axis>`` are the sizes within a granule (one may be -1: its remaining devices), ``mesh.dcn_<axis>`` the
+    granules along each axis (default 1); mesh axis ``a`` has ``dcn_a × a`` devices, granule-major. One granule:
+    ``mesh_utils.create_device_mesh`` (the physical topology decides the order, as ``jax.make_mesh``); several:
+    ``mesh_utils.create_hybrid_device_mesh`` over slices, or over processes where devices carry no slice. Physical
+    axes may be split (as ``jax.make_mesh`` allows on v5e), so e.g. fsdp=8 fits a 4×4×4 v5p torus.
+    """
+    devices = list(devices)
+    if not devices:
+        raise ValueError("no devices to build the mesh from")
+    ici = validate_mesh_config(mesh_config)
+    dcn = _sizes(mesh_config, DCN_AXES, allow_fill=False)
+    dcn_shape = tuple(dcn[f"dcn_{a}"] for a in MESH_AXES)
+    kind, groups = granules(devices)
+    if kind == "process" and math.prod(dcn_shape) == 1:
+        groups = [devices]                           # one granule: processes matter only when split across
+    if math.prod(dcn_shape) != len(groups):
+        product = " × ".join(f"dcn_{a}={dcn[f'dcn_{a}']}" for a in MESH_AXES)
+        raise ValueError(f"train.mesh: {product} = {math.prod(dcn_shape)} granules, but the {len(devices)} devices "
+                         f"belong to {len(groups)} {kind}(s); the dcn_* sizes must multiply to the number of "
+                         f"{kind}s")
+    per_granule = {len(g) for g in groups}
+    if len(per_granule) != 1:
+        raise ValueError(f"train.mesh: the {kind}s hold different numbers of devices {sorted(per_granule)}")
+    (count,) = per_granule
+    where = f" per {kind}" if len(groups) > 1 else ""
+    fill = [a for a in MESH_AXES if ici[a] == -1]
+    known = math.prod(v for v in ici.values() if v != -1)
+    if fill:
+        if count % known:
+            raise ValueError(f"train.mesh {ici}: {count} devices{where} are not divisible by {known}")
+        ici[fill[0]] = count // known
+    if math.prod(ici.values()) != count:
+        raise ValueError(f"train.mesh {ici} needs {math.prod(ici.values())} devices{where} but {count} are "
+                         f"available (set one axis to -1 to use all of them)")
+    shape = tuple(ici[a] for a in MESH_AXES)
+    if len(groups) == 1:
+        return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    return mesh_utils.create_hybrid_device_mesh(shape, dcn_shape, devices, process_is_granule=kind == "process",
+                                                allow_split_physical_axes=True)
+
+
 def make_mesh(mesh_config: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A ``data × fsdp × tensor`` mesh; one size may be -1 (all remaining devices).
+    """The ``data × fsdp × tensor`` mesh of ``mesh_config`` over ``devices`` (default: all), see ``mesh_devices``.
 
     Axis types are ``Auto`` on purpose: the train step states its shardings explicitly at the jit boundary and
     lets XLA's partitioner propagate them inside, as pjit did.
     """
-    devices = list(devices if devices is not None else jax.devices())
-    sizes = {}
-    for axis in MESH_AXES:
-        value = mesh_config.get(axis, 1)
-        if not isinstance(value, int) or (value < 1 and value != -1):
-            raise ValueError(f"mesh.{axis}={value!r} must be a positive integer or -1")
-        sizes[axis] = value
-    unknown = [a for a in sizes if sizes[a] == -1]
-    if len(unknown) > 1:
-        raise ValueError(f"mesh: at most one axis may be -1, got {unknown}")
-    known = math.prod(v for v in sizes.values() if v != -1)
-    if unknown:
-        if len(devices) % known:
-            raise ValueError(f"mesh {dict(sizes)}: {len(devices)} devices are not divisible by {known}")
-        sizes[unknown[0]] = len(devices) // known
-    total = math.prod(sizes.values())
-    if total != len(devices):
-        raise ValueError(f"mesh {dict(sizes)} needs {total} devices but {len(devices)} are available "
-                         f"(set one axis to -1 to use all of them)")
-    shape = tuple(sizes[a] for a in MESH_AXES)
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+    array = mesh_devices(mesh_config, devices if devices is not None else jax.devices())
+    return Mesh(array, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -155,6 +224,49 @@ def param_shardings(abstract_params, mesh: Mesh, rules, scan_layers: bool):
     logical = param_logical_axes(abstract_params, scan_layers)
     return jax.tree.map(lambda ax, p: NamedSharding(mesh, logical_to_spec(ax, p.shape, mesh, rules)),
                         logical, abstract_params, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_tensor_parallelism(model_name: str, model: nnx.Module, mesh: Mesh, rules, scan_layers: bool) -> None:
+    """Refuse a ``tensor`` axis that would split what it shards: every attention module's heads (a head split
+    across devices makes every block all-gather its qkv activations) and every other parameter dimension whose
+    logical axis the rules put on ``tensor`` (the MLP's hidden units by default), instead of leaving it replicated
+    silently. The error names the model, both numbers and the tensor sizes that divide all of them."""
+    size = mesh.shape.get("tensor", 1)
+    if size == 1:
+        return
+    rules = validate_rules(rules)
+
+    def on_tensor(name):
+        target = rules.get(name)
+        return "tensor" in ((target,) if isinstance(target, str) else tuple(target or ()))
+
+    needs: dict[str, int] = {}                     # what must divide by the tensor size: description → number
+    if on_tensor("heads"):
+        for path, node in nnx.iter_graph(model):
+            if isinstance(node, nnx.Module) and isinstance(getattr(node, "num_heads", None), int):
+                where = ".".join(str(p) for p in path if not str(p).isdigit()) or "model"
+                needs.setdefault(f"num_heads={node.num_heads} ({where})", node.num_heads)
+    params = nnx.state(model, nnx.Param)
+
+    def collect(path, axes, param):
+        for name, dim in zip(axes, param.shape):
+            if name is not None and name != "heads" and on_tensor(name):
+                needs.setdefault(f"{name} width {dim} ({'.'.join(path_names(path))})", dim)
+
+    jax.tree_util.tree_map_with_path(collect, param_logical_axes(params, scan_layers), params,
+                                     is_leaf=lambda x: isinstance(x, tuple))
+    bad = [(what, n) for what, n in needs.items() if n % size]
+    if bad:
+        what, n = bad[0]
+        works = _divisors(math.gcd(*needs.values()))
+        raise ValueError(f"model {model_name}: {what} is not divisible by train.mesh.tensor={size} ({n} % {size} = "
+                         f"{n % size}): tensor parallelism would split it across devices and gather activations in "
+                         f"every block. Tensor sizes that divide every tensor-sharded dimension of this model: "
+                         f"{', '.join(map(str, works))}")
 
 
 def describe(shardings) -> str:
