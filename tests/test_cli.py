@@ -338,3 +338,33 @@ def test_preparing_a_dataset_whose_host_cannot_be_reached_fails_at_once_naming_t
     assert lines == ["error: cannot download 'mnist': storage.googleapis.com:443 cannot be reached (Name or "
                      "service not known); check the network (or HTTPS_PROXY), or prepare the dataset on a machine "
                      "that has one and copy its data dir here"]
+
+
+def test_the_timm_worker_needs_no_jax_in_its_python(tmp_path):
+    """``--timm-python`` may name a Python with only torch and timm: its worker runs with jax, flax, optax and this
+    package blocked from importing (where torch and timm are missing too it reports that, having started)."""
+    from layerscale_jax.bench import timm_worker
+    from layerscale_jax.bench.step import StepSpec
+
+    blocker = ("import importlib.abc, sys\n"
+               "class Blocker(importlib.abc.MetaPathFinder):\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               "        if name.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax', 'layerscale_jax'):\n"
+               "            raise ImportError(f'blocked: {name}')\n"
+               "sys.meta_path.insert(0, Blocker())\n"
+               "import runpy\n"
+               "sys.argv = sys.argv[1:]\n"
+               "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    (tmp_path / "blocked.py").write_text(blocker)
+    python = tmp_path / "python_without_jax"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "blocked.py"} "$@"\n')
+    python.chmod(0o755)
+    spec = StepSpec(batch=2, overrides=dict(img_size=16, patch_size=4, depth=1, embed_dim=32, num_heads=2,
+                                            num_classes=10))
+    timm = timm_worker.start(spec, str(python))
+    if timm["run"] is None:                        # this Python has no torch/timm: the worker started and said so
+        assert timm["timm_skipped"].startswith("torch/timm not importable"), timm["timm_skipped"]
+    else:
+        timm["run"](1)
+        timm["close"]()
+        assert timm["timm_num_params"] > 0

@@ -4,6 +4,9 @@
 about ``min_repeat_s``; then ``repeats`` rounds time one repeat of every contender in turn (A, B, A, B, ...), so a
 change of load hits all alike. ``call(k)`` runs ``k`` steps and synchronises once (dispatch overlaps the next step,
 as in training). Time = median over repeats of elapsed / k; ``paired_ratio`` = median of the per-round ratios.
+
+jax is imported where it is used: the timm worker (``timm_worker``, run by a Python that may have only torch and
+timm) loads this file for ``measure``, the memory readings and PyTorch's matmul peak.
 """
 from __future__ import annotations
 
@@ -17,9 +20,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import jax
-import jax.numpy as jnp
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,6 +55,7 @@ class Loop:
         self.fn, self.state, self.args, self.out = fn, state, args, None
 
     def run(self, k: int) -> None:
+        import jax
         for _ in range(k):
             self.state, self.out = self.fn(self.state, *self.args)
         jax.block_until_ready(self.state if self.out is None else self.out)
@@ -63,6 +64,9 @@ class Loop:
 def matmul_peak(dtype: str = "float32", n: int | None = None, torch_device: str | None = None) -> dict:
     """FLOP/s (``2n³`` per call) of a square matmul, the MFU denominator: jax's on its default device, or
     PyTorch's on ``torch_device`` (timm's side). n = 2048 on the CPU, 8192 on accelerators."""
+    if not torch_device:
+        import jax
+        import jax.numpy as jnp
     n = n or (2048 if (torch_device or jax.default_backend()) == "cpu" else 8192)
     if torch_device:
         import torch
@@ -113,6 +117,7 @@ def load_average() -> list[float]:
 def machine_info() -> dict:
     """What the numbers were measured on: host, CPU model, accelerator, versions, XLA flags, load average."""
     import flax
+    import jax
     import optax
     with open("/proc/cpuinfo") as f:
         cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())

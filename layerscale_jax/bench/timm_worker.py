@@ -2,9 +2,10 @@
 
     loss = cross_entropy(model(x), y) ; loss.backward() ; AdamW(lr 1e-3, wd 0.05).step()     (autocast for bf16)
 
-It runs in a worker process driven step by step (``start``: ``PYTHON -m layerscale_jax.bench.timm_worker REQUEST``,
-PYTHON being ``--timm-python`` or this one, the repository on ``PYTHONPATH``): one process for both slowed XLA's
-step. The worker imports only this module and ``timing`` of the bench, which keep to Python 3.11 syntax.
+It runs in a worker process driven step by step (``start``: ``PYTHON .../bench/timm_worker.py REQUEST``, PYTHON
+being ``--timm-python`` or this one): one process for both slowed XLA's step. The worker runs this file as a script
+and loads ``timing.py`` beside it by path, not the package (whose ``__init__`` imports jax and flax): that Python
+needs only torch and timm (and numpy, which torch uses), and both files keep to Python 3.11 syntax.
 """
 from __future__ import annotations
 
@@ -15,8 +16,21 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
-from layerscale_jax.bench import timing
+
+def _load_timing():
+    """``timing.py`` beside this file, as the package's module when the package is imported, else loaded by path."""
+    if __package__:
+        from layerscale_jax.bench import timing
+        return timing
+    spec = importlib.util.spec_from_file_location("timing", Path(__file__).with_name("timing.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+timing = _load_timing()
 
 # Our override names that timm's ViT / CaiT constructors take under the same name.
 SHARED = {"img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_ratio",
@@ -92,9 +106,7 @@ def start(spec, python: str | None = None, device: str = "cpu") -> dict:
     if why:
         return {"run": None, "timm_skipped": why}
     request = json.dumps({**dataclasses.asdict(spec), "kwargs": kwargs, "device": device})
-    proc = subprocess.Popen(**timing.fresh_process("layerscale_jax.bench.timm_worker", [request], python,
-                                                   {"JAX_PLATFORMS": "cpu"}), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
+    proc = subprocess.Popen(**worker_process(request, python), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     info = json.loads(proc.stdout.readline() or "null") or {
         "timm_skipped": f"the timm worker ({python or sys.executable}) exited with {proc.wait()} before it was ready"}
     if info.get("timm_skipped"):
@@ -112,6 +124,12 @@ def start(spec, python: str | None = None, device: str = "cpu") -> dict:
         proc.stdin.close()
         proc.wait(timeout=60)
     return {"run": run, "close": close, **info, "timm_process": "separate worker process"}
+
+
+def worker_process(request: str, python: str | None = None) -> dict:
+    """``subprocess`` arguments that run this file as a script (the package is not imported) by ``python``."""
+    return {"args": [python or sys.executable, str(Path(__file__).resolve()), request], "env": dict(os.environ),
+            "cwd": str(timing.REPO), "text": True}
 
 
 if __name__ == "__main__":      # the worker: prepare, print the facts as one JSON line, then run k steps per line
