@@ -9,6 +9,10 @@ of every process waiting for the others until a timeout.
 A mistake in the command line or the config is reported in one line (``error: ...``, exit status 2) before JAX
 starts: an unknown field names the closest valid ones, a bad value names the field and the value. ``--debug`` (or
 ``LAYERSCALE_JAX_DEBUG=1``) adds the traceback.
+
+A preemption notice (SIGTERM) or Ctrl-C, from the first second on, stops every process of the job before the same
+step, with a checkpoint when there is new state (``layerscale_jax.runtime.StopSignals``; docs/multihost.md,
+"Preemption"); the rerun resumes from it. A second Ctrl-C stops at once, without saving (exit status 130).
 """
 from __future__ import annotations
 
@@ -17,11 +21,13 @@ import os
 import sys
 import traceback
 
-from layerscale_jax.runtime import reexec_with_huge_page_malloc
+from layerscale_jax.runtime import reexec_with_huge_page_malloc, stop_signals
 
-# Before anything allocates: huge pages for XLA's per-step CPU buffers (see layerscale_jax/runtime.py).
+# Before anything allocates: huge pages for XLA's per-step CPU buffers (see layerscale_jax/runtime.py). Then, before
+# the rest starts, the stop signals' handlers: a preemption notice during start-up is not lost.
 if __name__ == "__main__":
     reexec_with_huge_page_malloc()
+    stop_signals.install()
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -30,6 +36,7 @@ from layerscale_jax.cli import UserError, did_you_mean, run_cli  # noqa: E402
 from layerscale_jax.train.config import load_config, validate_experiment_config  # noqa: E402
 
 CONFIG_FLAG = "config"
+EXIT_INTERRUPTED = 130                        # 128 + SIGINT, as a shell reports a Ctrl-C
 _HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 
 
@@ -160,6 +167,7 @@ def main(argv: list[str]) -> int:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=parsed.coordinator_address,
                                    num_processes=parsed.num_processes, process_id=parsed.process_id)
+        stop_signals.pass_to_jax()           # a signal during start-up goes to JAX's preemption sync as well
     _check_devices(jax)
     logging.getLogger("absl").setLevel(logging.WARNING)
     from absl import logging as absl_logging
@@ -171,9 +179,15 @@ def main(argv: list[str]) -> int:
 
 
 def run_job(argv: list[str] | None = None) -> int:
-    """``run_cli(main)``; a failed process of a multi-process job leaves with ``os._exit`` (see the docstring)."""
+    """``run_cli(main)``, with the stop signals handled; a failed process of a multi-process job leaves with
+    ``os._exit`` (see the docstring)."""
     try:
-        status = run_cli(main, argv)
+        with stop_signals:
+            status = run_cli(main, argv)
+    except KeyboardInterrupt:                 # a second Ctrl-C: the workdir's lock is released on the way out
+        print("interrupted by a second Ctrl-C: stopped at once, without saving; rerun the command to resume from the "
+              "last checkpoint", file=sys.stderr, flush=True)
+        status = EXIT_INTERRUPTED
     except BaseException:
         if not _is_multiprocess():
             raise

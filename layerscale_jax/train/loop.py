@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import json
 import logging
-import signal
 import time
 from typing import Any, Callable
 
@@ -22,6 +21,7 @@ from flax import nnx
 from layerscale_jax import data as data_lib
 from layerscale_jax import optim
 from layerscale_jax.models import create_model
+from layerscale_jax.runtime import stop_signals
 from layerscale_jax.data.sharding import process_batch_rows
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import finetune as finetune_lib
@@ -38,43 +38,6 @@ log = logging.getLogger(__name__)
 
 class NonFiniteError(FloatingPointError):
     pass
-
-
-class _PreemptionFlag:
-    """SIGTERM / SIGINT set a flag; the loop finishes the current step, saves and exits cleanly.
-
-    With several processes the flags are combined (one small all-gather) only at metric-logging steps, where the
-    loop syncs with the devices anyway: a signal to any one process stops every process at the same step, at most
-    ``train.log_every`` steps later, and dispatch runs ahead in between.
-    """
-
-    def __init__(self):
-        self.raised = False
-        self._previous = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:   # not the main thread (e.g. a notebook worker): no handler
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        log.warning("received signal %d: finishing the current step, then saving", signum)
-        self.raised = True
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def any_process(self, step: int, log_every: int) -> bool:
-        if jax.process_count() == 1:
-            return self.raised
-        if step % log_every:
-            return False
-        from jax.experimental import multihost_utils
-        return bool(np.any(multihost_utils.process_allgather(np.array([self.raised]))))
 
 
 def _check_model_matches_data(model_cfg, info) -> None:
@@ -271,7 +234,8 @@ def train_and_evaluate(config, workdir, devices=None) -> dict:
     if problem is not None:
         raise workdir_lib.WorkdirError(problem)
     try:
-        return _train_and_evaluate(config, workdir, devices, is_primary)
+        with stop_signals:         # SIGTERM / Ctrl-C stop every process at one sync point (layerscale_jax.runtime)
+            return _train_and_evaluate(config, workdir, devices, is_primary)
     finally:
         lock.release()
 
@@ -329,6 +293,10 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
     else:
         start_step, data_state = 0, None
         state = trainer.init_state()
+    if stop_signals.stopped_before(start_step + 1):      # a stop signal during start-up or restore
+        checkpointer.close()
+        print(f"stopped before step {start_step + 1}: nothing new to save", flush=True)
+        return {"preempted_at_step": start_step}
 
     # Input pipeline, positioned where the checkpoint left it; this process reads the rows its devices hold.
     train_iter = data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed,
@@ -356,7 +324,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
         train_start = time.time()
         eval_results: dict[str, float] = {}
         preempted = False
-        with _PreemptionFlag() as preemption:
+        with stop_signals as preemption:           # installed by train_and_evaluate already
             while step < tc.steps:
                 batch = data_lib.to_global_batch(next(train_iter), mesh, tc.batch_size)
                 state, metrics = train_step(state, batch)
@@ -370,7 +338,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                         bad = step - len(fetched) + next(i for i, m in enumerate(fetched) if not m["finite"])
                         raise NonFiniteError(_nonfinite_message(bad + 1, checkpointer))
                     now = time.time()
-                    scalars = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]
+                    scalars = {k: _window_mean([m[k] for m in fetched]) for k in fetched[0]
                                if k.startswith("train_") or k == "grad_norm"}
                     scalars["learning_rate"] = float(fetched[-1]["learning_rate"])
                     scalars["img_per_s"] = (step - last_log_step) * tc.batch_size / max(now - last_log_time, 1e-9)
@@ -394,7 +362,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                     save(step, metrics=eval_results if is_eval else None, window=_host_window(pending))
 
                 stop_slot = tc.stop_after_steps and step - start_step >= tc.stop_after_steps
-                if (preemption.any_process(step, tc.log_every) or stop_slot) and step < tc.steps:
+                if (preemption.reached_sync_point(step + 1) or stop_slot) and step < tc.steps:
                     save(step, window=_host_window(pending))
                     preempted = True
                     print(f"stopped at step {step}; checkpoint saved in {checkpointer.directory}", flush=True)
@@ -431,6 +399,13 @@ def _diagnostics_batch(config, mesh) -> dict:
     with data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed,
                                       rows=process_batch_rows(mesh, tc.batch_size)) as iterator:
         return data_lib.to_global_batch(next(iterator), mesh, tc.batch_size)
+
+
+def _window_mean(values: list) -> float:
+    """The mean of a logging window's per-step values, accumulated in float64: the same number whether every value
+    came from the devices (float32) or the window's first steps came from a checkpoint after a stop (Python floats,
+    ``_host_window``), so a resumed run logs exactly what an uninterrupted one does."""
+    return float(np.mean(np.asarray(values, dtype=np.float64)))
 
 
 def _host_window(pending: list) -> list[dict]:
