@@ -19,6 +19,9 @@ class MetricsWriter:
         self.total_steps = total_steps
         self.start_time = time.time()
         self.start_step = None
+        self.live = _is_live(sys.stderr)
+        self._shown: dict[str, float] = {}         # live line: the latest value of each shown quantity
+        self._line_width = 0
         workdir = as_path(workdir)
         self.jsonl_path = workdir / "metrics.jsonl"
         self.tb_dir = workdir / "tensorboard"
@@ -37,9 +40,16 @@ class MetricsWriter:
             self.tb.add_scalar(key, float(value), int(step))
 
     def progress(self, step: int, scalars: dict[str, float]) -> None:
-        """One console line: step, loss, lr, throughput, the evaluation's accuracy and loss (MAE: loss only), ETA."""
+        """One console line: step, loss, lr, throughput, the evaluation's accuracy and loss (MAE: loss only), ETA.
+
+        Watched live (a terminal or a Jupyter cell: ``_is_live``) it is one line updated in place, showing the newest
+        train and evaluation values together; written to a file or pipe (logs, tests) every call adds a line.
+        """
         if not self.enabled:
             return
+        if self.live:
+            self._shown.update(scalars)
+            scalars = self._shown
         if self.start_step is None:
             self.start_step, self.start_time = step, time.time()
         done = step - self.start_step
@@ -54,7 +64,12 @@ class MetricsWriter:
             if key in scalars:
                 parts.append(f"{key} {scalars[key]:.4g}")
         parts.append(f"ETA {_fmt_seconds(eta)}")
-        print(" | ".join(parts), file=sys.stderr, flush=True)
+        line = " | ".join(parts)
+        if self.live:
+            print("\r" + line.ljust(self._line_width), end="", file=sys.stderr, flush=True)
+            self._line_width = len(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     def flush(self) -> None:
         if self.enabled:
@@ -63,6 +78,15 @@ class MetricsWriter:
     def close(self) -> None:
         if self.enabled:
             self.tb.close()
+            if self.live and self._line_width:
+                print(file=sys.stderr, flush=True)          # end the live line
+                self._line_width = 0
+
+
+def _is_live(stream) -> bool:
+    """Whether a person watches ``stream`` as it is written: a terminal, or a Jupyter cell's output."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty()) or type(stream).__module__.startswith("ipykernel")
 
 
 def _fmt_seconds(seconds: float) -> str:

@@ -1,0 +1,279 @@
+"""The Python API for notebooks and scripts: config in, trained model and history out, in a few lines.
+
+    import layerscale_jax as lsj
+
+    config = lsj.load_config("configs/digits_layerscale.py:depth=8", {"train.steps": 300}, optim={"lr": 1e-2})
+    run = lsj.fit(config, "runs/digits")          # trains in this process (resuming the workdir), returns a Run
+    run.results["test_accuracy"], run.history[-1], run.model     # results.json, metrics.jsonl records, nnx.Module
+    steps, loss = run.series("train_loss")
+    run = lsj.load_run("runs/digits")              # any finished or interrupted workdir, the same Run
+    lsj.evaluate(run.model, config)                # {"test_loss", "test_accuracy", "test_examples"}
+    lsj.diagnose(run.model, lsj.example_batch(config, "train"))   # per-block ratios, gradient norms, mean |λ|
+
+Every function checks its input where it enters and raises the command line's one-line message as an exception
+(``cli.UserError`` or ``ValueError``). Nothing is left behind in the process: a cell can be re-run (a finished
+workdir returns its stored run at once), and Ctrl-C during ``fit`` stops at a step boundary after saving a
+checkpoint (``TrainingInterrupted``), so ``fit`` on the same workdir resumes exactly where it stopped.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from layerscale_jax.cli import UserError
+from layerscale_jax.train import config as config_lib
+
+__all__ = ["Run", "TrainingInterrupted", "diagnose", "evaluate", "example_batch", "fit", "load_config", "load_run",
+           "override_config"]
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """``fit`` was stopped by Ctrl-C (SIGINT) or SIGTERM; a checkpoint of ``step`` was saved in ``workdir``.
+
+    A ``KeyboardInterrupt``, so a loop of runs in a cell stops too; ``fit(config, err.workdir)`` resumes the run."""
+
+    def __init__(self, workdir: Path, step: int):
+        super().__init__(f"stopped at step {step}; the checkpoint is saved in {workdir}: "
+                         f"fit(config, {str(workdir)!r}) resumes the run")
+        self.workdir, self.step = workdir, step
+
+
+@dataclasses.dataclass
+class Run:
+    """A training run read from its workdir.
+
+    ``config``: the experiment config (``ml_collections.ConfigDict``). ``model``: the ``nnx.Module`` holding the
+    checkpoint's weights, in eval mode (``model.train()`` turns stochastic depth back on). ``step``: the step of
+    that checkpoint. ``results``: ``results.json`` (test metrics, steps, timing, the architecture) when the run
+    finished at ``step``, else None. ``history``: the ``metrics.jsonl`` records up to ``step``, one dict per logged
+    step (``{"step", "train_loss", "learning_rate", ...}``) and per evaluation (``{"step", "test_accuracy",
+    "test_loss", "diag/blocks.3.attn.scale", ...}``). ``workdir``: where it all is.
+    """
+    config: ml_collections.ConfigDict
+    model: nnx.Module
+    step: int
+    results: dict | None
+    history: list[dict]
+    workdir: Path
+
+    @property
+    def finished(self) -> bool:
+        return self.results is not None
+
+    def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, values)``: the records of ``history`` that hold ``key``, in step order. Raises ``KeyError``
+        naming the recorded keys when no record holds it."""
+        records = [r for r in self.history if key in r]
+        if not records:
+            known = sorted({k for r in self.history for k in r} - {"step"})
+            from layerscale_jax.cli import did_you_mean
+            raise KeyError(f"no record of the history holds {key!r}{did_you_mean(key, known)}; recorded: "
+                           f"{', '.join(k for k in known if not k.startswith('diag/'))} and diag/<group>.<layer>.* "
+                           "(train.diagnostics)")
+        return np.array([r["step"] for r in records]), np.array([r[key] for r in records])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Configs.
+
+def _dotted(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"steps": 5}, "model.depth": 8}`` → ``{"train.steps": 5, "model.depth": 8}``."""
+    flat = {}
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and not isinstance(value, ml_collections.ConfigDict):
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def override_config(config: ml_collections.ConfigDict, overrides: Mapping[str, Any] | None = None,
+                    **sections: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """A copy of ``config`` with fields replaced, checked as the command line checks them; ``config`` is unchanged.
+
+    ``overrides`` maps dotted field names to values (``{"train.steps": 300, "model.depth": 8}``, as
+    ``--config.train.steps=300``); ``sections`` give the same per section (``train={"steps": 300}``). Returns the
+    validated config. Raises ``UserError`` for an unknown field (the CLI's message, naming the closest fields) and
+    ``ValueError`` naming the field and the value for a value of the wrong type or out of range.
+    """
+    from layerscale_jax.train.__main__ import check_override_paths
+
+    flat = _dotted({**(overrides or {}), **sections})
+    check_override_paths(config, [f"--config.{path}" for path in flat])
+    config = copy.deepcopy(config)
+    for path, value in flat.items():
+        *parents, field = path.split(".")
+        node = config
+        for key in parents:
+            node = node[key]
+        try:
+            node[field] = value
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"config.{path}={value!r}: {err}") from None
+    config_lib.validate_experiment_config(config)
+    return config
+
+
+def load_config(spec: str, overrides: Mapping[str, Any] | None = None,
+                **sections: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """The experiment config of ``spec`` (the command line's ``--config``: ``"configs/NAME.py[:arg]"``), with
+    ``overrides`` / ``sections`` applied as in ``override_config``. Returns the validated ``ConfigDict``; raises
+    the CLI's one-line errors (``UserError`` for a missing or broken file or an unknown field, ``ValueError`` for a
+    bad value)."""
+    return override_config(config_lib.load_config(spec), overrides, **sections)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training and loading runs.
+
+def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *, ema: bool | None = None) -> Run:
+    """Train ``config`` in this process, as ``python -m layerscale_jax.train`` would, and return the ``Run``.
+
+    ``workdir``: the run's directory; an existing one is resumed from its newest checkpoint (a finished one is
+    returned without training; one of a different config is refused), None makes a new temporary directory (kept:
+    delete ``run.workdir`` when done). ``ema`` chooses the model's weights as in ``load_run``.
+
+    Progress is one updating line. Ctrl-C (or SIGTERM) stops at the next step boundary, saves a checkpoint and
+    raises ``TrainingInterrupted`` naming the workdir. A config stopped by ``train.stop_after_steps`` returns the
+    unfinished ``Run`` (``run.finished`` is False). Errors in the config or workdir raise the CLI's one-line
+    messages (``ValueError``, ``UserError``, ``workdir.WorkdirError``).
+    """
+    from layerscale_jax.convert.pretrained import workdir_checkpoint
+    from layerscale_jax.train.loop import train_and_evaluate
+
+    config_lib.validate_experiment_config(config)
+    workdir = Path(tempfile.mkdtemp(prefix="layerscale_jax_run_") if workdir is None else workdir)
+    try:
+        start_step = workdir_checkpoint(workdir)[0]
+    except (FileNotFoundError, ValueError):
+        start_step = 0
+    results = train_and_evaluate(config, workdir)
+    stopped = results.get("preempted_at_step")
+    slot = config.train.stop_after_steps
+    if stopped is not None and not (slot and stopped - start_step >= slot):
+        raise TrainingInterrupted(workdir, stopped)
+    run = load_run(workdir, ema=ema)
+    return dataclasses.replace(run, config=config)
+
+
+def load_run(workdir: str | Path, *, step: int | None = None, ema: bool | None = None) -> Run:
+    """The ``Run`` of a training workdir, finished or interrupted: its newest complete checkpoint (or ``step``'s).
+
+    ``ema``: True for the EMA of the parameters (an error if the run kept none, ``optim.ema_decay=0``), False for
+    the parameters, None (default) for the weights the run evaluated (the EMA when it kept one). The config is the
+    one stored with the checkpoint. Raises ``FileNotFoundError`` / ``ValueError`` naming the workdir when it holds
+    no usable checkpoint (or not ``step``).
+    """
+    from layerscale_jax.convert.pretrained import load_workdir, workdir_checkpoint, workdir_config
+
+    workdir = Path(workdir)
+    if not workdir.is_dir():
+        raise UserError(f"workdir {str(workdir)!r} does not exist")
+    step, _ = workdir_checkpoint(workdir, step)
+    model, _ = load_workdir(workdir, step=step, ema=ema)
+    model.eval()
+    results = None
+    if (workdir / "results.json").is_file():
+        results = json.loads((workdir / "results.json").read_text())
+        if results.get("steps") != step:
+            results = None
+    history = []
+    if (workdir / "metrics.jsonl").is_file():
+        with open(workdir / "metrics.jsonl") as f:
+            history = [record for record in map(json.loads, f) if record["step"] <= step]
+    config = ml_collections.ConfigDict(workdir_config(workdir, step))
+    return Run(config=config, model=model, step=step, results=results, history=history, workdir=workdir)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Using a model.
+
+def _params(model: nnx.Module, mode: str):
+    """``(graphdef, params)`` of ``model`` in ``mode`` ('train' | 'eval'), without changing ``model``'s mode."""
+    graphdef, params = nnx.split(model, nnx.Param)
+    copy_ = nnx.merge(graphdef, params)
+    copy_.eval() if mode == "eval" else copy_.train()
+    return nnx.split(copy_, nnx.Param)
+
+
+def example_batch(config: ml_collections.ConfigDict, split: str = "eval", size: int | None = None) -> dict:
+    """A batch of host arrays ``{"image": (n, H, W, C) float32, normalised as the model sees it, "label": (n,)}``.
+
+    ``split='eval'``: the first ``size`` (default ``train.eval_batch_size``) examples of the evaluated split,
+    unaugmented. ``split='train'``: the seed's first train batch of ``size`` (default ``train.batch_size``),
+    augmented but before Mixup/CutMix — with the default size, the batch the run's logged diagnostics used.
+    """
+    from layerscale_jax import data as data_lib
+
+    if split not in ("eval", "train"):
+        raise ValueError(f"split={split!r} is not 'eval' (the config's evaluated split) or 'train'")
+    if size is not None and (not isinstance(size, int) or size < 1):
+        raise ValueError(f"size={size!r} must be a positive integer")
+    if split == "train":
+        size = size or config.train.batch_size
+        iterator = data_lib.make_train_iterator(config.data, global_batch_size=size, seed=config.train.seed,
+                                                process_index=0, process_count=1)
+    else:
+        size = size or config.train.eval_batch_size
+        iterator = data_lib.make_eval_iterator(config.data, global_batch_size=size, process_index=0,
+                                               process_count=1)
+    with iterator:
+        batch = next(iter(iterator))
+    keep = np.asarray(batch["mask"], bool) if "mask" in batch else slice(None)
+    return {"image": np.asarray(batch["image"])[keep], "label": np.asarray(batch["label"])[keep]}
+
+
+def diagnose(model: nnx.Module, batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The per-block diagnostics of ``train.diagnostics`` for ``model`` on ``batch`` (``{"image", "label"}``, e.g.
+    ``example_batch``), as host arrays: ``"loss"`` (scalar, the hard-label cross-entropy), and per block group and
+    branch one value per layer: ``"blocks/attn.ratio"`` (‖scaled branch‖ / ‖residual stream‖), ``"blocks/attn.scale"``
+    (mean |λ|; absent for ``branch_scaling='none'``), likewise ``mlp``, and ``"blocks/grad_norm"`` (‖∂L/∂θ_l‖)."""
+    from layerscale_jax.train.diagnostics import branch_diagnostics
+
+    missing = {"image", "label"} - set(batch)
+    if missing:
+        raise ValueError(f"batch lacks {sorted(missing)}: diagnose needs {{'image', 'label'}}")
+    graphdef, params = _params(model, "eval")
+    inputs = {k: jax.numpy.asarray(batch[k]) for k in ("image", "label", "mask") if k in batch}
+    out = jax.jit(branch_diagnostics, static_argnums=0)(graphdef, params, inputs)
+    return {key: np.asarray(value) for key, value in jax.device_get(out).items()}
+
+
+def evaluate(model: nnx.Module, config: ml_collections.ConfigDict, split: str | None = None) -> dict[str, float]:
+    """The test metrics of ``model`` over a whole split of ``config.data``'s dataset, each example counted once,
+    computed as the training loop's evaluation: ``{"test_loss", "test_accuracy", "test_examples"}`` for a
+    classifier (``val_*`` when the split is not 'test'), the masked-patch reconstruction loss for an MAE.
+
+    ``split``: a split name of the dataset (``data.eval_split``); None: the config's evaluated split. The batches
+    are ``train.eval_batch_size`` on the config's mesh over all devices.
+    """
+    from layerscale_jax.data import get_dataset_info
+    from layerscale_jax.train import sharding as shard_lib
+    from layerscale_jax.train import tasks as tasks_lib
+    from layerscale_jax.train.loop import evaluate as evaluate_split
+    from layerscale_jax.train.step import make_eval_step
+
+    if split is not None:
+        config = override_config(config, {"data.eval_split": split})
+    info = get_dataset_info(config.data)
+    cfg = model.cfg
+    for field, expected in (("num_classes", info.num_classes), ("img_size", info.image_size),
+                            ("in_chans", info.channels)):
+        found = getattr(cfg, field, expected)
+        if found != expected:
+            raise ValueError(f"the model's {field}={found!r} does not match dataset {info.name!r} ({field} = "
+                             f"{expected})")
+    mesh = shard_lib.make_mesh(config.train.mesh)
+    graphdef, params = _params(model, "eval")
+    task = tasks_lib.for_model(model, info.eval_split)
+    params = jax.device_put(params, shard_lib.replicated(mesh))
+    return evaluate_split(jax.jit(make_eval_step(graphdef, task)), params, config, mesh, task)

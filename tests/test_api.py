@@ -1,0 +1,163 @@
+"""The Python API (``layerscale_jax.api``, exported from ``layerscale_jax``): configs in, runs and models out."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import layerscale_jax as lsj
+from layerscale_jax.cli import UserError
+from layerscale_jax.train.__main__ import parse_command_line
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIGITS = os.path.join(ROOT, "configs", "digits_layerscale.py")
+TINY = {"model.embed_dim": 16, "model.num_heads": 2, "train.batch_size": 32, "train.log_every": 4,
+        "train.eval_every": 6, "optim.warmup_steps": 2}
+
+
+def tiny_config(**sections):
+    return lsj.load_config(f"{DIGITS}:depth=2,steps=12", TINY, **sections)
+
+
+@pytest.fixture(scope="module")
+def ema_run(tmp_path_factory):
+    """A finished 12-step run that kept an EMA of its parameters (so its evaluation used the EMA)."""
+    config = tiny_config(optim={"ema_decay": 0.5})
+    return lsj.fit(config, tmp_path_factory.mktemp("api") / "run")
+
+
+def _cli_error(argv):
+    with pytest.raises((UserError, ValueError)) as err:
+        parse_command_line(argv + ["--workdir", "unused"])
+    return str(err.value)
+
+
+def test_an_unknown_field_raises_the_command_lines_message():
+    cli = _cli_error(["--config", DIGITS, "--config.train.stepz=3"])
+    with pytest.raises(UserError) as err:
+        lsj.load_config(DIGITS, {"train.stepz": 3})
+    assert str(err.value) == cli and "did you mean 'config.train.steps'" in cli
+    with pytest.raises(UserError) as err:
+        lsj.load_config(DIGITS, train={"stepz": 3})
+    assert str(err.value) == cli
+
+
+def test_a_bad_value_or_file_raises_the_command_lines_message(tmp_path):
+    cli = _cli_error(["--config", DIGITS, "--config.train.steps=-1"])
+    with pytest.raises(ValueError) as err:
+        lsj.load_config(DIGITS, {"train.steps": -1})
+    assert str(err.value) == cli == "train.steps=-1 must be a positive integer"
+    missing = str(tmp_path / "nope.py")
+    with pytest.raises(UserError) as err:
+        lsj.load_config(missing)
+    assert str(err.value) == _cli_error(["--config", missing])
+    with pytest.raises(ValueError, match=r"config.train.steps='many'"):
+        lsj.load_config(DIGITS, {"train.steps": "many"})
+
+
+def test_overrides_take_the_config_file_argument_syntax_and_leave_the_original_unchanged():
+    base = lsj.load_config(f"{DIGITS}:depth=6")
+    changed = lsj.override_config(base, {"model.depth": 3}, train={"mesh": {"data": 1}, "steps": 70})
+    assert (base.model.depth, base.train.steps, base.train.mesh.data) == (6, 1000, -1)
+    assert (changed.model.depth, changed.train.steps, changed.train.mesh.data) == (3, 70, 1)
+
+
+def test_importing_the_package_needs_no_config_or_data_stack():
+    code = ("import sys\n"
+            "for name in ('ml_collections', 'tensorflow', 'tensorflow_datasets', 'grain'): sys.modules[name] = None\n"
+            "import layerscale_jax\n"
+            "assert 'fit' in dir(layerscale_jax) and 'layerscale_jax.api' not in sys.modules\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_fit_returns_the_results_history_and_model(ema_run):
+    results = json.loads((ema_run.workdir / "results.json").read_text())
+    assert ema_run.finished and ema_run.results == results and ema_run.step == 12
+    steps, loss = ema_run.series("train_loss")
+    assert list(steps) == [4, 8, 12] and np.all(np.isfinite(loss))
+    assert list(ema_run.series("test_accuracy")[0]) == [6, 12]
+    assert isinstance(ema_run.model, nnx.Module) and ema_run.model.deterministic     # eval mode
+    with pytest.raises(KeyError, match="did you mean 'train_loss'"):
+        ema_run.series("train_los")
+
+
+def test_evaluate_reproduces_the_runs_test_accuracy(ema_run):
+    """The model comes back with the weights the run evaluated (its EMA here): the same accuracy, exactly."""
+    metrics = lsj.evaluate(ema_run.model, ema_run.config)
+    assert metrics["test_accuracy"] == ema_run.results["test_accuracy"]
+    assert metrics["test_loss"] == pytest.approx(ema_run.results["test_loss"], rel=1e-5)
+
+
+def test_the_loaded_parameters_are_the_trained_ones(ema_run):
+    """The loop logged diagnostics of its final parameters on the seed's first train batch; the loaded
+    parameters (not the EMA) give the same values on that batch."""
+    model = lsj.load_run(ema_run.workdir, ema=False).model
+    diag = lsj.diagnose(model, lsj.example_batch(ema_run.config, "train"))
+    logged = ema_run.history[-1]
+    assert logged["step"] == 12 and "test_accuracy" in logged
+    for quantity in ("attn.ratio", "mlp.scale", "grad_norm"):
+        expected = [logged[f"diag/blocks.{i}.{quantity}"] for i in range(2)]
+        np.testing.assert_allclose(diag[f"blocks/{quantity}"], expected, rtol=1e-4)
+    assert diag["loss"] == pytest.approx(logged["diag/loss"], rel=1e-4)
+
+
+def test_ema_weights_on_request(ema_run, tmp_path):
+    ema = nnx.state(lsj.load_run(ema_run.workdir, ema=True).model, nnx.Param)
+    params = nnx.state(lsj.load_run(ema_run.workdir, ema=False).model, nnx.Param)
+    default = nnx.state(ema_run.model, nnx.Param)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ema), jax.tree.leaves(default)))
+    assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ema), jax.tree.leaves(params)))
+
+
+def test_a_run_without_ema_refuses_the_ema_option(tmp_path):
+    config = tiny_config(train={"steps": 3, "eval_every": 0})
+    run = lsj.fit(config, tmp_path / "run")
+    with pytest.raises(ValueError, match="holds no EMA"):
+        lsj.load_run(run.workdir, ema=True)
+
+
+def test_fitting_again_in_the_same_process_gives_the_same_run(ema_run, tmp_path):
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    again = lsj.fit(ema_run.config, tmp_path / "again")
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+    assert not (tmp_path / "again" / "lock.json").exists()
+    assert again.results["test_accuracy"] == ema_run.results["test_accuracy"]
+    assert again.series("train_loss")[1].tolist() == ema_run.series("train_loss")[1].tolist()
+    # a finished workdir is returned as it is, without training
+    assert lsj.fit(ema_run.config, tmp_path / "again").results == again.results
+
+
+def test_ctrl_c_stops_at_a_step_boundary_and_the_workdir_resumes(tmp_path):
+    config = tiny_config(train={"steps": 5000, "log_every": 1, "eval_every": 0, "checkpoint_every": 0})
+    workdir = tmp_path / "run"
+
+    def interrupt_after_the_first_logged_step():
+        while not (workdir / "metrics.jsonl").exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_after_the_first_logged_step, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt) as err:
+        lsj.fit(config, workdir)
+    assert isinstance(err.value, lsj.TrainingInterrupted) and 1 <= err.value.step < 5000
+    stopped = lsj.load_run(workdir)
+    assert stopped.step == err.value.step and not stopped.finished
+    resumed = lsj.fit(lsj.override_config(config, {"train.steps": stopped.step + 2}), workdir)
+    assert resumed.results["resumed_from_step"] == stopped.step and resumed.step == stopped.step + 2
+
+
+def test_example_batch_of_the_eval_split_is_its_first_examples():
+    config = tiny_config()
+    batch = lsj.example_batch(config, size=5)
+    assert batch["image"].shape == (5, 8, 8, 1) and batch["label"].shape == (5,)
+    assert np.array_equal(lsj.example_batch(config, size=3)["label"], batch["label"][:3])
+    with pytest.raises(ValueError, match="split='test'"):
+        lsj.example_batch(config, "test")
