@@ -89,6 +89,21 @@ def test_two_processes_equal_one_process(one_process, tmp_path, mesh):
     assert results(workdir)["test_accuracy"] == pytest.approx(results(one_process)["test_accuracy"], abs=1e-6)
 
 
+def test_processes_whose_rows_interleave_train_equal_to_one_process(one_process, tmp_path):
+    """``data=2`` within each process and ``dcn_fsdp=2`` across the 2 processes (each plays a slice): the batch
+    shards alternate between the processes, so each reads two non-adjacent quarters of every batch (and of the
+    padded last test batch); Mixup/CutMix pair rows of different processes inside the jitted step. Every logged
+    loss and every test example as with 1 process × 4 devices."""
+    workdir = tmp_path / "interleaved"
+    finish(launch(str(workdir), *flags({"data": 2, "dcn_fsdp": 2})))
+    assert_same_run(str(workdir), one_process)
+    assert results(workdir)["test_examples"] == results(one_process)["test_examples"] == 40
+    assert results(workdir)["test_accuracy"] == pytest.approx(results(one_process)["test_accuracy"], abs=1e-6)
+    meta = workdir / "checkpoints" / "meta" / str(STEPS)
+    rows = [json.loads((meta / f"data_process_{p}.json").read_text())["rows"] for p in range(2)]
+    assert rows == [[[0, 4], [8, 12]], [[4, 8], [12, 16]]]
+
+
 def test_one_process_checkpoint_resumes_on_two_processes(one_process, tmp_path):
     workdir = str(tmp_path / "resume")
     first = config(mesh={"data": 4, "fsdp": 1, "tensor": 1}, stop_after_steps=4)
