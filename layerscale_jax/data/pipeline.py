@@ -39,6 +39,7 @@ import threading
 import time
 
 import numpy as np
+from PIL import Image
 
 from layerscale_jax.data import sources, transforms
 from layerscale_jax.data.config import DIGITS, SYNTHETIC, validate_data_config
@@ -160,14 +161,16 @@ class _Records:
     def __init__(self, source, channels, num_classes, skip_bad):
         self.source, self.channels, self.num_classes, self.skip_bad = source, channels, num_classes, skip_bad
 
-    def load(self, keys):
+    def load(self, keys, decode=None):
+        """(images, labels) of `keys`; `decode(raw, i)` turns record i's stored image into the image returned
+        (default: `transforms.decode_image`), its ValueError marking the record bad like a decode error."""
         images, labels = [], np.zeros(len(keys), np.int32)
         for i, (key, (raw, label)) in enumerate(zip(keys, self.source.read(keys))):
             try:
                 label = int(label)
                 if not 0 <= label < self.num_classes:
                     raise ValueError(f"label {label} is outside [0, {self.num_classes})")
-                image = transforms.decode_image(raw, self.channels)
+                image = decode(raw, i) if decode else transforms.decode_image(raw, self.channels)
             except (ValueError, TypeError) as e:
                 if not self.skip_bad:
                     raise BadRecordError(
@@ -237,11 +240,14 @@ class _TrainBatch:
         self.fill = fill if channels == 3 else fill[0]
 
     def element(self, image, position):
-        """Per-image train stage: random-resized crop (seeded by position) or resize + centre crop."""
+        """Per-image train stage on a decoded image or a stored record (decoded only as far as its crop needs):
+        random-resized crop (seeded by position) or resize + centre crop."""
         if self.aug.random_resized_crop:
             rng = np.random.default_rng([self.seed, 2, int(position)])
-            return transforms.random_resized_crop(image, self.s.image_size, self.aug.crop_scale, rng)
-        return transforms.resize_center_crop(image, self.s.image_size)
+            return transforms.decode_random_resized_crop(
+                image, self.channels, self.s.image_size, self.aug.crop_scale, rng
+            )
+        return transforms.resize_center_crop(transforms.decode_image(image, self.channels), self.s.image_size)
 
     def __call__(self, j):
         g, size = self.g, self.s.image_size
@@ -255,13 +261,13 @@ class _TrainBatch:
             else:
                 x = np.stack([self.element(self.cache.images[k], q) for k, q in zip(keys, positions)])
         else:
-            images, labels = self.records.load(keys)
+            images, labels = self.records.load(keys, lambda raw, i: self.element(raw, positions[i]))
             x = np.zeros((g.per_process, size, size, self.channels), np.uint8)
-            for i, (image, q) in enumerate(zip(images, positions)):
+            for i, image in enumerate(images):
                 if image is None:
                     valid[i] = False
                 else:
-                    x[i] = self.element(image, q)
+                    x[i] = image
         return {"image": self.augment_and_normalize(x, j), "label": labels, "_valid": valid}
 
     def draw(self, j):
@@ -293,13 +299,15 @@ class _TrainBatch:
         step = max(1, _CHUNK_BYTES // max(1, x[0].nbytes * 4))
         for c in range(0, len(x), step):
             sl = slice(c, c + step)
-            out[sl] = self.apply(x[sl], {k: v[sl] for k, v in params.items()})
+            self.apply(x[sl], {k: v[sl] for k, v in params.items()}, out[sl])
         return out
 
     def per_image(self, image, p):
-        """RandAugment -> 3-Augment -> colour jitter on one uint8 image, with PIL."""
+        """Flip -> RandAugment -> 3-Augment -> colour jitter on one uint8 image, with PIL."""
         aug = self.aug
         img = transforms.to_pil(image)
+        if aug.hflip and p["flip"]:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         if aug.randaugment is not None:
             img = rand_augment(img, aug.randaugment, np.random.default_rng(p["randaugment_seed"]), self.fill)
         if aug.three_augment:
@@ -308,15 +316,17 @@ class _TrainBatch:
             img = transforms.color_jitter(img, p["jitter_factors"], p["jitter_order"])
         return transforms.from_pil(img)
 
-    def apply(self, x, p):
+    def apply(self, x, p, out):
+        """translate -> flip -> per-image PIL ops on uint8 images, then normalised into `out`."""
         aug = self.aug
         if aug.crop_padding:
             x = transforms.translate(x, p["offsets"][:, 0], p["offsets"][:, 1], aug.crop_padding)
-        if aug.hflip:
+        per_image = aug.randaugment is not None or aug.three_augment or aug.color_jitter > 0
+        if aug.hflip and not per_image:  # else flipped in `per_image`, where the image is in PIL anyway.
             x = transforms.hflip(x, p["flip"])
-        if aug.randaugment is not None or aug.three_augment or aug.color_jitter > 0:
+        if per_image:
             x = np.stack([self.per_image(img, {k: v[i] for k, v in p.items()}) for i, img in enumerate(x)])
-        return transforms.normalize(x, self.mean, self.std)
+        transforms.normalize(x, self.mean, self.std, out)
 
 
 class _EvalBatch:
