@@ -172,3 +172,41 @@ def test_a_png_record_is_decoded_in_full_then_cropped():
     Image.fromarray(image).save(buf, format="PNG")
     ours = transforms.decode_random_resized_crop(buf.getvalue(), 3, 24, SCALE, np.random.default_rng(5))
     np.testing.assert_array_equal(ours, transforms.random_resized_crop(image, 24, SCALE, np.random.default_rng(5)))
+
+
+def test_progress_line_shows_the_time_the_loop_waited_for_input_per_step(tmp_path, monkeypatch, capsys):
+    import importlib.util
+    import os
+    import re
+    import time
+
+    from layerscale_jax.train import loop
+
+    class SlowInput:
+        """The train iterator with 60 ms added to every batch: a pipeline that falls behind."""
+
+        def __init__(self, it):
+            self.it = it
+
+        def __next__(self):
+            time.sleep(0.06)
+            return next(self.it)
+
+        def __getattr__(self, name):
+            return getattr(self.it, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.it.close()
+
+    make = data.make_train_iterator
+    monkeypatch.setattr(data, "make_train_iterator", lambda *a, **k: SlowInput(make(*a, **k)))
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "tiny_synthetic.py")
+    spec = importlib.util.spec_from_file_location("tiny_synthetic", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    loop.train_and_evaluate(module.get_config("steps=3"), str(tmp_path))
+    waits = [float(w) for w in re.findall(r"input_wait_ms ([0-9.e+-]+)", capsys.readouterr().err)]
+    assert len(waits) == 3 and all(w >= 55 for w in waits)

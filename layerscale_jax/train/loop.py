@@ -321,12 +321,16 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
     try:
         step = start_step
         last_log_time, last_log_step = time.time(), step
+        input_wait = 0.0                           # seconds spent in next(train_iter) since the last log step
         train_start = time.time()
         eval_results: dict[str, float] = {}
         preempted = False
         with stop_signals as preemption:           # installed by train_and_evaluate already
             while step < tc.steps:
-                batch = data_lib.to_global_batch(next(train_iter), mesh, tc.batch_size)
+                waited_from = time.perf_counter()       # the step is dispatched asynchronously: time spent here
+                host_batch = next(train_iter)           # is time the input pipeline kept the loop waiting
+                input_wait += time.perf_counter() - waited_from
+                batch = data_lib.to_global_batch(host_batch, mesh, tc.batch_size)
                 state, metrics = train_step(state, batch)
                 step += 1
                 pending.append(metrics)
@@ -344,9 +348,10 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                     scalars["img_per_s"] = (step - last_log_step) * tc.batch_size / max(now - last_log_time, 1e-9)
                     scalars["nonfinite_steps"] = float(jax.device_get(state["nonfinite_steps"]))
                     scalars["bad_records"] = float(train_iter.bad_records)
-                    last_log_time, last_log_step = now, step
+                    wait_ms = 1e3 * input_wait / max(step - last_log_step, 1)   # console only: timing, not a record
+                    last_log_time, last_log_step, input_wait = now, step, 0.0
                     writer.write(step, scalars)
-                    writer.progress(step, scalars)
+                    writer.progress(step, {**scalars, "input_wait_ms": wait_ms})
 
                 is_eval = (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps
                 if is_eval:

@@ -40,7 +40,9 @@ class MetricsWriter:
             self.tb.add_scalar(key, float(value), int(step))
 
     def progress(self, step: int, scalars: dict[str, float]) -> None:
-        """One console line: step, loss, lr, throughput, the evaluation's accuracy and loss (MAE: loss only), ETA.
+        """One console line: step, loss, lr, throughput, input wait (ms per step the loop waited for the input
+        pipeline since the last line: near 0 while the pipeline keeps up), the evaluation's accuracy and loss (MAE:
+        loss only), ETA.
 
         Watched live (a terminal or a Jupyter cell: ``_is_live``) it is one line updated in place, showing the newest
         train and evaluation values together; written to a file or pipe (logs, tests) every call adds a line.
@@ -59,8 +61,8 @@ class MetricsWriter:
         filled = int(width * step / max(self.total_steps, 1))
         bar = "#" * filled + "." * (width - filled)
         parts = [f"[{bar}] {step}/{self.total_steps}"]
-        for key in ("train_loss", "learning_rate", "grad_norm", "img_per_s", "test_accuracy", "test_loss",
-                    "val_accuracy", "val_loss"):
+        for key in ("train_loss", "learning_rate", "grad_norm", "img_per_s", "input_wait_ms", "test_accuracy",
+                    "test_loss", "val_accuracy", "val_loss"):
             if key in scalars:
                 parts.append(f"{key} {scalars[key]:.4g}")
         parts.append(f"ETA {_fmt_seconds(eta)}")
