@@ -1,5 +1,6 @@
 """What the compiled train and eval steps communicate, read from their HLO: FSDP moves weights and gradients only,
-tensor parallelism splits attention by heads (Megatron: one all-reduce per branch in the forward pass)."""
+tensor parallelism splits attention by heads (Megatron: one all-reduce per branch in the forward pass), and a tensor
+size that would split a head is refused before anything compiles."""
 import math
 
 import jax
@@ -15,13 +16,13 @@ BATCH, IMG, PATCH, DIM, HEADS, DEPTH = 8, 16, 4, 64, 4, 2
 TOKENS = 1 + (IMG // PATCH) ** 2
 
 
-def trainer_for(mesh_shape):
+def trainer_for(mesh_shape, heads=HEADS, dim=DIM, **model):
     config = tiny_config("steps=4")
-    config.model.update(img_size=IMG, patch_size=PATCH, embed_dim=DIM, num_heads=HEADS, depth=DEPTH)
+    config.model.update(img_size=IMG, patch_size=PATCH, embed_dim=dim, num_heads=heads, depth=DEPTH, **model)
     config.data.image_size = IMG
     config.train.batch_size = config.train.eval_batch_size = BATCH
     config.train.mesh = mesh_shape
-    mesh = shard_lib.make_mesh(config.train.mesh, jax.devices()[:4])
+    mesh = shard_lib.make_mesh(config.train.mesh, jax.devices()[:math.prod(mesh_shape.values())])
     return loop_lib.create_trainer(config, mesh), mesh
 
 
@@ -65,9 +66,10 @@ def test_fsdp_step_moves_weights_and_gradients_only(mesh_shape):
     assert not image_gathers, image_gathers
 
 
-def test_tensor_parallel_attention_is_split_by_heads():
-    trainer, mesh = trainer_for({"data": 1, "fsdp": 1, "tensor": 4})
-    activation = BATCH * TOKENS * DIM
+@pytest.mark.parametrize("heads, dim, tensor", [(4, 64, 4), (6, 96, 2)], ids=["4heads_tensor4", "6heads_tensor2"])
+def test_tensor_parallel_attention_is_split_by_heads(heads, dim, tensor):
+    trainer, mesh = trainer_for({"data": 1, "fsdp": 1, "tensor": tensor}, heads=heads, dim=dim)
+    activation = BATCH * TOKENS * dim
     gathers = [c for c in train_collectives(trainer, mesh) if c.op == "all-gather" and c.largest >= BATCH * TOKENS]
     assert not gathers, f"activations gathered: {gathers}"
     # Forward pass: one all-reduce of the (batch·tokens, dim) stream per branch, i.e. two per block.
@@ -76,3 +78,17 @@ def test_tensor_parallel_attention_is_split_by_heads():
     stream_reduces = [c for c in evaluation if c.op == "all-reduce" and c.largest == activation]
     assert len(stream_reduces) == 2 * DEPTH, evaluation
     assert not [c for c in evaluation if c.op == "all-gather" and c.largest >= BATCH * TOKENS], evaluation
+
+
+@pytest.mark.parametrize("scan_layers", [False, True], ids=["layers", "scanned"])
+def test_tensor_size_that_would_split_a_head_is_refused_naming_the_model_and_the_sizes_that_work(scan_layers):
+    """DeiT-S's 6 heads on tensor=4 would all-gather every block's qkv activations (issue 20)."""
+    with pytest.raises(ValueError, match=r"^model deit3_small_patch16_224: num_heads=6 \(blocks.attn\) is not "
+                                         r"divisible by train.mesh.tensor=4 .* this model: 1, 2, 3, 6$"):
+        trainer_for({"data": 1, "fsdp": 1, "tensor": 4}, heads=6, dim=96, scan_layers=scan_layers)
+
+
+def test_tensor_size_that_does_not_divide_the_mlp_width_is_refused():
+    with pytest.raises(ValueError, match=r"mlp width 258 \(blocks.mlp.fc1\) is not divisible by "
+                                         r"train.mesh.tensor=4 .* this model: 1, 2$"):
+        trainer_for({"data": 1, "fsdp": 1, "tensor": 4}, mlp_ratio=258 / 64)

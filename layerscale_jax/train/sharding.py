@@ -255,7 +255,7 @@ def check_tensor_parallelism(model_name: str, model: nnx.Module, mesh: Mesh, rul
     def collect(path, axes, param):
         for name, dim in zip(axes, param.shape):
             if name is not None and name != "heads" and on_tensor(name):
-                needs.setdefault(f"{name} width {dim} ({'.'.join(path_names(path))})", dim)
+                needs.setdefault(f"{name} width {dim} ({'.'.join(path_names(path)[:-1])})", dim)
 
     jax.tree_util.tree_map_with_path(collect, param_logical_axes(params, scan_layers), params,
                                      is_leaf=lambda x: isinstance(x, tuple))
