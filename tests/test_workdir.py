@@ -50,6 +50,12 @@ def corrupt(workdir, step, how):
             if how == "truncate":
                 with open(path, "r+b") as f:
                     f.truncate(os.path.getsize(path) // 2)
+            elif how == "flipped_bits":             # the lowest bit of every 64th byte: same length, similar values
+                with open(path, "r+b") as f:
+                    data = bytearray(f.read())
+                    data[::64] = bytes(b ^ 1 for b in data[::64])
+                    f.seek(0)
+                    f.write(data)
             else:                                  # random bytes over the file's start, same length
                 size = os.path.getsize(path)
                 with open(path, "r+b") as f:
@@ -161,16 +167,16 @@ def test_records_of_a_killed_run_after_its_last_checkpoint_are_not_duplicated(fi
     assert strip(read_metrics(workdir)) == strip(read_metrics(finished[0]))
 
 
-def test_sealing_keeps_the_side_files_other_processes_write_for_the_next_step(finished, tmp_path):
-    """Process 0 seals finished checkpoints while the other processes may already be writing their data state for
-    the next step: side files of older, deleted steps are removed, those of a newer step are not touched."""
+def test_cleaning_up_after_a_save_keeps_the_side_files_other_processes_write_for_the_next_step(finished, tmp_path):
+    """Process 0 removes the side files of deleted checkpoints while the other processes may already be writing
+    their data state for the next step: side files of older, deleted steps are removed, a newer step's are kept."""
     workdir = copy_run(finished, tmp_path, "seal")
     meta = os.path.join(workdir, "checkpoints", "meta")
     for step in (1, STEPS + 2):
         os.makedirs(os.path.join(meta, str(step)))
         with open(os.path.join(meta, str(step), "data_process_1.json"), "w") as f:
             f.write("{}")
-    Checkpointer(os.path.join(workdir, "checkpoints"), keep=2)._seal_finished()
+    Checkpointer(os.path.join(workdir, "checkpoints"), keep=2)._forget_deleted()
     assert not os.path.exists(os.path.join(meta, "1"))
     assert os.path.exists(os.path.join(meta, str(STEPS + 2), "data_process_1.json"))
 
@@ -245,3 +251,72 @@ def test_a_failed_async_save_is_not_ignored(tmp_path, monkeypatch):
     monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", failing_wait)
     with pytest.raises(CheckpointSaveError, match="No space left on device"):
         loop_lib.train_and_evaluate(config(), str(tmp_path / "async"))
+
+
+# -- the seal: written as part of finishing a step, checked before a step is trusted (issue 22 item 2) -------------
+
+def test_each_step_is_sealed_before_orbax_commits_it(tmp_path, monkeypatch):
+    """The seal is written while the step is still orbax's temporary directory, so no committed step lacks one."""
+    committed_when_sealed = {}
+    original = Checkpointer._seal_in_flight
+
+    def spy(self):
+        committed_when_sealed[self._in_flight] = (self.directory / str(self._in_flight)).exists()
+        original(self)
+
+    monkeypatch.setattr(Checkpointer, "_seal_in_flight", spy)
+    workdir = str(tmp_path / "sealed")
+    loop_lib.train_and_evaluate(config(), workdir)
+    assert committed_when_sealed == {2: False, 4: False, 6: False}
+    for step in checkpoint_steps(workdir):
+        seal = os.path.join(workdir, "checkpoints", "meta", str(step), "checksums.json")
+        recorded = json.load(open(seal))
+        assert "state/manifest.ocdbt" in recorded and "config/metadata" in recorded
+        assert Checkpointer(os.path.join(workdir, "checkpoints"), keep=2)._verify(step) is None
+
+
+@pytest.mark.parametrize("how", ["truncate", "random_bytes", "flipped_bits"])
+def test_a_damaged_newest_step_without_its_seal_is_never_trusted(finished, tmp_path, how, caplog):
+    """A killed run's newest step whose seal is missing, then damaged: the rerun falls back to the previous sealed
+    step with one warning line (no TensorStore traceback, no 'non-finite' dead end) and ends as the original run."""
+    workdir = copy_run(finished, tmp_path, f"unsealed_{how}")
+    os.remove(os.path.join(workdir, "results.json"))
+    os.remove(os.path.join(workdir, "checkpoints", "meta", str(STEPS), "checksums.json"))
+    corrupt(workdir, STEPS, how)
+    with caplog.at_level("WARNING"):
+        results = loop_lib.train_and_evaluate(config(), workdir)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "checkpoint at step" in
+                r.getMessage()]
+    assert len(warnings) == 1 and f"checkpoint at step {STEPS} cannot be trusted (never sealed" in warnings[0]
+    assert os.path.isdir(os.path.join(workdir, "checkpoints", "quarantine", str(STEPS)))
+    assert results["resumed_from_step"] == 4 and results["steps"] == STEPS
+    assert results["test_accuracy"] == json.load(open(os.path.join(finished[0], "results.json")))["test_accuracy"]
+
+
+def test_flipped_bits_in_a_sealed_step_are_found_by_its_seal(finished, tmp_path, caplog):
+    workdir = copy_run(finished, tmp_path, "sealed_flipped")
+    os.remove(os.path.join(workdir, "results.json"))
+    corrupt(workdir, STEPS, "flipped_bits")
+    with caplog.at_level("WARNING"):
+        results = loop_lib.train_and_evaluate(config(), workdir)
+    assert f"checkpoint at step {STEPS} is corrupt" in caplog.text and results["resumed_from_step"] == 4
+
+
+def test_each_process_checks_only_its_share_of_the_files_and_the_shares_cover_every_file(finished, tmp_path):
+    from layerscale_jax.checksums import corruption
+    workdir = copy_run(finished, tmp_path, "shares")
+    step_dir = epath.Path(workdir) / "checkpoints" / str(STEPS)
+    seal = epath.Path(workdir) / "checkpoints" / "meta" / str(STEPS) / "checksums.json"
+    names = sorted(json.loads(seal.read_text()))
+    (step_dir / names[1]).write_bytes(b"changed")                    # the second file: process 1's share of 2
+    assert corruption(step_dir, seal, share=(0, 2)) is None
+    assert names[1] in corruption(step_dir, seal, share=(1, 2))
+    assert names[1] in corruption(step_dir, seal)
+
+
+def test_checkpoint_files_belong_to_the_process_that_wrote_them():
+    from layerscale_jax.train.checkpoint import writer_process
+    assert writer_process("state/ocdbt.process_3/d/0a1b") == 3
+    assert writer_process("state/array_metadatas/process_12") == 12
+    assert writer_process("state/d/0a1b") == writer_process("state/manifest.ocdbt") == 0
+    assert writer_process("config/metadata") == writer_process("state/_sharding") == 0

@@ -1,30 +1,43 @@
-"""Orbax checkpoints of the train state, with the data-iterator state, the config and a content checksum.
+"""Orbax checkpoints of the train state, with the data-iterator state, the config and a content seal.
 
 Layout of ``<workdir>/checkpoints`` (any orbax / ``etils.epath`` path, ``gs://`` included):
 
 - ``<step>/``: orbax's checkpoint (async save; the newest ``keep`` and the best by an eval metric are kept): the
-  train state and the config.
+  train state and the config. Process ``i`` writes ``state/ocdbt.process_<i>/`` and
+  ``state/array_metadatas/process_<i>``; process 0 also writes everything else (the merged index, the metadata).
 - ``meta/<step>/data_process_<i>.json``: process ``i``'s data-iterator state, written before the orbax save starts
   (a checkpoint without it is incomplete). ``meta/<step>/window.json``: the per-step metrics logged since the last
   metrics line (so a resumed run's ``metrics.jsonl`` equals an uninterrupted one's). ``meta/<step>/checksums.json``:
-  SHA-256 of every file of ``<step>/``, written by process 0 once orbax has finalised the step ("sealed").
-- ``quarantine/<step>/``: checkpoints found corrupt at restore, moved aside so that no later save collides with them.
+  the seal, SHA-256 of every file of ``<step>/`` but the two orbax rewrites when it commits the step
+  (``_CHECKPOINT_METADATA``, ``commit_success.txt``: times and the commit marker, no train state).
+- ``quarantine/<step>/``: checkpoints found corrupt or unsealed at restore, moved aside so that no later save
+  collides with them.
 
-Restore walks from the newest step back. Process 0 decides about each step and every process follows the same
-decision: a step whose files do not match its checksums (truncated, overwritten) is quarantined and the previous one
-is tried; a finalised step that was never sealed (the job died first) is trusted, since orbax's finalisation is an
-atomic rename, and sealed then. Errors while reading a checkpoint that passed the check (I/O, collectives) are raised:
-they are not evidence of a corrupt checkpoint. When checkpoints exist but none is usable, the run stops.
+Sealing is part of finishing a step: once a process has written its files, it hashes them (on several threads) and
+writes ``meta/<step>/digests_process_<i>.json``, before orbax's write barrier; process 0, after the barrier and
+orbax's merge, hashes its own and the shared files (and those of any process whose digests are missing), merges
+everything into ``checksums.json``, and only then does orbax commit the step (atomic rename, or its commit file on
+``gs://``). A committed step without a seal therefore means a job that stopped in the middle of writing it (or a
+checkpoint of an older version of this code) and is not trusted.
+
+Restore walks from the newest step back; every process checks its share of the recorded files (threads again) and
+every process follows the combined decision: a step whose files do not match its seal (truncated, overwritten, bits
+flipped), or that has no seal, is quarantined with one warning line and the previous one is tried. Errors while
+reading a checkpoint that passed the check (I/O, collectives) are raised: they are not evidence of a corrupt
+checkpoint. When checkpoints exist but none is usable, the run stops.
 
 Saves: a state with a non-finite parameter is never saved; a failed save (disk full, permissions) raises
 ``CheckpointSaveError`` naming the cause and the last complete checkpoint.
 """
 from __future__ import annotations
 
+import errno
 import functools
+import gc
 import json
 import logging
 import os
+import re
 from typing import Any
 
 import jax
@@ -34,10 +47,25 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocm
 
-from layerscale_jax.checksums import corruption, file_digests
+from layerscale_jax.checksums import corruption, file_digests, list_files
 from layerscale_jax.cli import UserError
 
 log = logging.getLogger(__name__)
+
+
+class _OrbaxErrorsOnOneLine(logging.Filter):
+    """Orbax's background save threads log a failure (a full disk) with its traceback in every thread involved and
+    in asyncio's "Task exception was never retrieved", hundreds of lines, before ``wait_until_finished`` re-raises
+    it as the run's one error line. Their records keep their message, on one line, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and "orbax" in f"{record.pathname} {record.getMessage()}":
+            record.msg, record.args = " ".join(record.getMessage().split()), None
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
+_ORBAX_ERRORS_ON_ONE_LINE = _OrbaxErrorsOnOneLine()
 
 
 class NonFiniteStateError(RuntimeError):
@@ -89,6 +117,53 @@ def broadcast_from_primary(value):
     return json.loads(bytes(np.asarray(multihost_utils.broadcast_one_to_all(padded))).decode())
 
 
+def gather_from_all(value) -> list:
+    """Every process's ``value`` (a JSON-able object), in process order, on every process."""
+    if jax.process_count() == 1:
+        return [value]
+    from jax.experimental import multihost_utils
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([len(data)], np.int64))).ravel()
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:len(data)] = data
+    rows = np.asarray(multihost_utils.process_allgather(padded))
+    return [json.loads(bytes(row[:size]).decode()) for row, size in zip(rows, sizes)]
+
+
+# Files orbax writes or rewrites when it commits the step, after the seal: the commit marker, and the step metadata
+# (its commit time). They hold no train state.
+REWRITTEN_AT_COMMIT = ("_CHECKPOINT_METADATA", "commit_success.txt")
+_TEMPORARY = re.compile(r"\.orbax-checkpoint-tmp[^/]*(?=/|$)")  # an item's directory before orbax finalises the step
+_WRITER = re.compile(r"(?:^|/)(?:ocdbt\.)?process_(\d+)(?:/|$)")
+
+
+def writer_process(name: str) -> int:
+    """The process that wrote a checkpoint file (path relative to the step): ``state/ocdbt.process_<i>/...`` and
+    ``state/array_metadatas/process_<i>`` are process ``i``'s, everything else process 0's."""
+    match = _WRITER.search(name)
+    return int(match.group(1)) if match else 0
+
+
+def check_free_space(directory: epath.Path, state) -> None:
+    """Before an async save starts: ``OSError(ENOSPC)`` on every process when the disk of a local ``directory``
+    has less space free than the bytes some process's share of ``state`` takes (orbax's zstd barely shrinks
+    trained weights). A save that fills the disk midway fails in orbax's background threads, which print hundreds of
+    lines before the error reaches the loop; this catches the common case, a disk already (nearly) full, in one."""
+    if "://" in str(directory):
+        return
+    need = sum(shard.data.nbytes for leaf in jax.tree.leaves(state) for shard in leaf.addressable_shards
+               if shard.replica_id == 0)
+    stat = os.statvfs(directory)
+    free = stat.f_bavail * stat.f_frsize
+    if not _all_processes_ok(free >= need):
+        raise OSError(errno.ENOSPC, f"no space left on device: {_mb(free)} free in {directory}, the state takes "
+                                    f"about {_mb(need)}" if free < need else "no space left on another process")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
 def _all_processes_ok(ok: bool) -> bool:
     if jax.process_count() == 1:
         return ok
@@ -109,10 +184,18 @@ class Checkpointer:
             ocm.BestN(get_metric_fn=lambda metrics: metrics[best_metric], reverse=best_mode == "min", n=1,
                       keep_checkpoints_without_metrics=False),
         ])
+        self._in_flight: int | None = None        # the step orbax is writing in the background
+        self._barrier = None
+        async_options = ocp.AsyncOptions(
+            post_finalization_callback=self._seal_in_flight,
+            barrier_sync_fn=self._digest_then_barrier if jax.process_count() > 1 else None)
         options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=True,
-                                               enable_async_checkpointing=True)
+                                               enable_async_checkpointing=True, async_options=async_options)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
-        self.last_complete: int | None = None     # newest step known to be fully written (restored or sealed)
+        for name in ("absl", "asyncio"):
+            if _ORBAX_ERRORS_ON_ONE_LINE not in logging.getLogger(name).filters:
+                logging.getLogger(name).addFilter(_ORBAX_ERRORS_ON_ONE_LINE)
+        self.last_complete: int | None = None     # newest step known to be fully written (restored or saved)
 
     # -- side files ---------------------------------------------------------------------------------------------
     def _meta(self, step: int) -> epath.Path:
@@ -128,20 +211,52 @@ class Checkpointer:
         tmp.write_text(json.dumps(value))
         tmp.replace(path)                          # atomic; overwrites a side file of an earlier attempt
 
-    def _seal_finished(self) -> None:
-        """Process 0: checksums for every finalised step that has none yet; side files of deleted steps removed.
-        Called only when no save is in flight. Only side files of steps older than the newest finalised one are
-        removed: the other processes may already be writing theirs for the next step."""
+    # -- the seal (see the module docstring) ----------------------------------------------------------------------
+    def _writing_dir(self, step: int) -> epath.Path:
+        """Where orbax is writing ``step`` before committing it: its temporary directory, or on ``gs://`` (where
+        orbax commits with a file instead of a rename) the step's own directory."""
+        temporary = self.directory / f"{step}.orbax-checkpoint-tmp"
+        return temporary if temporary.exists() else self.directory / str(step)
+
+    def _digest_then_barrier(self, key: str, timeout_ms: int) -> None:
+        """Orbax's barrier between processes, preceded at its write barrier (this process's files are written) by
+        the digests of this process's own files. Should this fail, process 0 hashes those files instead."""
+        step = self._in_flight
+        if "async_write_complete" in key and step is not None and jax.process_index() != 0:
+            try:
+                root = self._writing_dir(step)
+                mine = [name for name in list_files(root) if writer_process(name) == jax.process_index()]
+                digests = {_TEMPORARY.sub("", name): digest for name, digest in file_digests(root, mine).items()}
+                self._write_json(self._meta(step) / f"digests_process_{jax.process_index()}.json", digests)
+            except Exception as err:                  # noqa: BLE001 (the save itself goes on; process 0 covers)
+                log.warning("hashing this process's files of step %d failed (%s); process 0 hashes them", step, err)
+        if self._barrier is None:
+            self._barrier = ocp.multihost.get_barrier_sync_fn()
+        self._barrier(key=key, timeout_ms=timeout_ms)
+
+    def _seal_in_flight(self) -> None:
+        """Process 0, after every process's files and orbax's merge are written and before orbax commits the step:
+        the seal, from the other processes' digests and this process's (of every file nobody else hashed)."""
+        step = self._in_flight
+        root, meta = self._writing_dir(step), self._meta(step)
+        names = [name for name in list_files(root) if name not in REWRITTEN_AT_COMMIT]
+        others = sorted(meta.glob("digests_process_*.json")) if meta.exists() else []
+        digests = {}
+        for path in others:
+            digests.update(json.loads(path.read_text()))
+        digests.update(file_digests(root, [name for name in names if name not in digests]))
+        self._write_json(meta / "checksums.json", dict(sorted(digests.items())))
+
+    def _forget_deleted(self) -> None:
+        """After a save: the newest complete step; process 0 removes the side files of steps orbax deleted. Only
+        side files of steps older than the newest finalised one are removed: the other processes may already be
+        writing theirs for the next step."""
         self.manager.reload()
         steps = set(self.manager.all_steps())
         if steps:
             self.last_complete = max(steps)
         if jax.process_index() != 0:
             return
-        for step in sorted(steps):
-            checksums = self._meta(step) / "checksums.json"
-            if not checksums.exists():
-                self._write_json(checksums, file_digests(self.directory / str(step)))
         meta_root, newest = self.directory / "meta", max(steps, default=-1)
         if meta_root.exists():
             for child in meta_root.iterdir():
@@ -149,8 +264,11 @@ class Checkpointer:
                     child.rmtree()
 
     def _verify(self, step: int) -> str | None:
-        """Process 0: why ``step`` is corrupt, or None (also None for a finalised step never sealed)."""
-        return corruption(self.directory / str(step), self._meta(step) / "checksums.json")
+        """Why ``step`` cannot be trusted (files changed, or never sealed), or None. Collective: each process checks
+        its share of the files, and every process returns the same answer."""
+        mine = corruption(self.directory / str(step), self._meta(step) / "checksums.json",
+                          share=(jax.process_index(), jax.process_count()))
+        return next((reason for reason in gather_from_all(mine) if reason is not None), None)
 
     def _quarantine(self, step: int, reason: str) -> None:
         if jax.process_index() == 0:
@@ -161,7 +279,8 @@ class Checkpointer:
             (self.directory / str(step)).rename(target)
             if self._meta(step).exists():
                 self._meta(step).rename(target / "meta")
-        log.warning("checkpoint at step %d is corrupt (%s); moved to %s", step, reason,
+        how = "cannot be trusted" if reason.startswith("never sealed") else "is corrupt"
+        log.warning("checkpoint at step %d %s (%s); moved to %s", step, how, reason,
                     self.directory / "quarantine" / str(step))
         _all_processes_ok(True)                     # the move is done before any process reloads the step list
         self.manager.reload()
@@ -171,13 +290,15 @@ class Checkpointer:
              metrics: dict[str, float] | None = None, window: list[dict] | None = None, force: bool = False) -> None:
         if not all_finite(state["params"]):
             raise NonFiniteStateError(f"refusing to save a non-finite state at step {step}")
+        self.wait()                                 # the previous async save: a failure of it names its own step
         try:
-            self.manager.wait_until_finished()      # the previous async save (orbax would wait for it as well)
-            self._seal_finished()
+            check_free_space(self.directory, state)
             self._write_json(self._data_state_path(step, jax.process_index()), data_state)
+            (self._meta(step) / f"digests_process_{jax.process_index()}.json").unlink(missing_ok=True)  # earlier try
             if jax.process_index() == 0:
-                (self._meta(step) / "checksums.json").unlink(missing_ok=True)   # left by an earlier attempt
+                (self._meta(step) / "checksums.json").unlink(missing_ok=True)
                 self._write_json(self._meta(step) / "window.json", window or [])
+            self._in_flight = step
             self.manager.save(
                 step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                               config=ocp.args.JsonSave(config_json)),
@@ -193,9 +314,11 @@ class Checkpointer:
     def wait(self) -> None:
         try:
             self.manager.wait_until_finished()
-            self._seal_finished()
+            self._forget_deleted()
         except Exception as err:
-            raise self._save_error(self.manager.latest_step() or -1, err) from err
+            gc.collect()                      # orbax's failed asyncio tasks report now, before the error line
+            step = self._in_flight if self._in_flight is not None else self.manager.latest_step() or -1
+            raise self._save_error(step, err) from err
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -206,7 +329,7 @@ class Checkpointer:
         steps = sorted(self.manager.all_steps(), reverse=True) if step is None else [step]
         candidates = broadcast_from_primary(steps)
         for candidate in candidates:
-            reason = broadcast_from_primary(self._verify(candidate) if jax.process_index() == 0 else None)
+            reason = self._verify(candidate)
             if reason is None:
                 data_state, reason = self._read_data_state(candidate)
                 reason = None if _all_processes_ok(reason is None) else (reason or "another process's data state")
@@ -218,16 +341,17 @@ class Checkpointer:
             state = restored["state"]
             if not all_finite(state["params"]):
                 raise NonFiniteStateError(f"checkpoint at step {candidate} in {self.directory} has non-finite "
-                                          f"parameters although it passed its checksum")
+                                          f"parameters although it matches its seal")
             window_path = self._meta(candidate) / "window.json"
             window = json.loads(window_path.read_text()) if window_path.exists() else []
             self.last_complete = candidate
-            self._seal_finished()
+            self._forget_deleted()
             return candidate, state, data_state, window
         if candidates:
             raise NoUsableCheckpointError(
                 f"none of the {len(candidates)} checkpoint(s) in {self.directory} is usable (moved to "
-                f"{self.directory / 'quarantine'}); to start fresh, use a new --workdir or delete {self.directory}")
+                f"{self.directory / 'quarantine'}); to start over, rerun with --restart (the earlier run's files are "
+                f"moved aside, not deleted) or use a new --workdir")
         return None
 
     def _read_data_state(self, step: int):
