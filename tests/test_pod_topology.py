@@ -107,6 +107,17 @@ def test_the_pod_command_leaves_hosts_with_non_contiguous_rows(pod):
     assert sum(len(rows) > 1 for rows in plan.values()) > 0, plan
 
 
+@pytest.mark.parametrize("pod, mesh, shape, blocks", [
+    ("v4-32", POD_COMMAND, (2, 8, 1), 4), ("v5e-32", POD_COMMAND, (4, 8, 1), 2), ("v5p-128", POD_COMMAND, (8, 8, 1), 1),
+    ("v4-32", FSDP_CONFIGS, (1, 16, 1), 4), ("v5e-32", FSDP_CONFIGS, (1, 32, 1), 2),
+    ("v5p-128", FSDP_CONFIGS, (1, 64, 1), 4), ("2xv5e-256", {"dcn_data": 2, **FSDP_CONFIGS}, (2, 256, 1), 2),
+])
+def test_blocks_per_host_are_those_of_the_docs_table(pod, mesh, shape, blocks):
+    array = shard_lib.mesh_devices(mesh, PODS[pod]())
+    assert array.shape == shape
+    assert {len(rows) for rows in read_plan(array, shard_lib.MESH_AXES, G).values()} == {blocks}
+
+
 def test_tensor_across_hosts_makes_those_hosts_read_the_same_rows():
     devices = PODS["v5e-32"]()
     array = np.array(devices, dtype=object).reshape(4, 1, 8)              # tensor=8 spans 2 hosts of 4 chips
