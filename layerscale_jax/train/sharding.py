@@ -25,6 +25,7 @@ from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from layerscale_jax.data.sharding import BATCH_AXES, batch_sharding  # noqa: F401  (batch_sharding: re-exported)
 from layerscale_jax.layers.partitioning import activation_sharding, logical_to_spec
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -32,7 +33,6 @@ MESH_AXES = ("data", "fsdp", "tensor")
 # processes: ``mesh.dcn_<axis>`` granules along each axis (MaxText's ``dcn_*``), ``mesh.<axis>`` devices within one.
 DCN_AXES = tuple(f"dcn_{axis}" for axis in MESH_AXES)
 MESH_FIELDS = MESH_AXES + DCN_AXES
-BATCH_AXES = ("data", "fsdp")
 
 # Default logical → mesh axis rules: FSDP over the embedding dimension, tensor parallelism over heads and MLP.
 DEFAULT_RULES = (
@@ -130,10 +130,6 @@ def make_mesh(mesh_config: Mapping[str, int], devices: Sequence[jax.Device] | No
     """
     array = mesh_devices(mesh_config, devices if devices is not None else jax.devices())
     return Mesh(array, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
-
-
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P(BATCH_AXES))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -275,10 +271,6 @@ def describe(shardings) -> str:
         if tuple(s.spec) and any(a is not None for a in s.spec):
             lines.append(f"  {jax.tree_util.keystr(path)}: {s.spec}")
     return "\n".join(lines) if lines else "  (all parameters replicated)"
-
-
-def global_batch_array(local: np.ndarray, mesh: Mesh) -> jax.Array:
-    return jax.make_array_from_process_local_data(batch_sharding(mesh), local)
 
 
 # -- what a compiled step communicates ---------------------------------------------------------------------------
