@@ -126,7 +126,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_then_one_process_resumes(
     outputs = finish(procs)
     stopped = [int(line.split("stopped at step ")[1].split(";")[0]) for out in outputs
                for line in out.splitlines() if "stopped at step" in line]
-    assert len(stopped) == 2 and stopped[0] == stopped[1] and stopped[0] % 2 == 0, outputs
+    assert len(stopped) == 2 and stopped[0] == stopped[1], outputs     # any step: JAX's sync point, every step
     steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
     assert steps == [stopped[0]]
     # Resume with the reference's layout: one process, 4 devices, and the reference's step count.

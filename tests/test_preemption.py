@@ -1,0 +1,130 @@
+"""Stop signals from the first second, through the CLI: a preemption notice (SIGTERM) to one process of two while the
+train step compiles stops both at one step; Ctrl-C while compiling ends in one line, a second Ctrl-C at once; and a
+run stopped between two logging steps logs the same records as an uninterrupted run.
+
+"During compile" is found without a test-only option: JAX's own ``JAX_LOG_COMPILES=1`` logs "Compiling jit(NAME)"
+before each compilation, and the first compilation after the state's ``init_fn`` is the train step's.
+"""
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import jax
+import numpy as np
+
+from layerscale_jax.train import loop as loop_lib
+
+from test_multihost import config, flags, launch, losses
+from test_train import cli, read_metrics, subprocess_env, tiny_config
+
+STATE_INIT = "init_fn"                   # loop.create_trainer's state initialiser, compiled before the train step
+ONE_PROCESS = {"data": 4, "fsdp": 1, "tensor": 1}
+
+
+class Output:
+    """A process's output (stdout and stderr), collected by a thread as it is written: no pipe fills up while the
+    test waits for one line."""
+
+    def __init__(self, proc):
+        self.proc, self.lines = proc, []
+        self._thread = threading.Thread(target=lambda: self.lines.extend(proc.stdout), daemon=True)
+        self._thread.start()
+
+    def wait_for_train_step_compile(self, timeout=240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            compiled = [m.group(1) for line in list(self.lines) if (m := re.search(r"Compiling jit\((.*?)\)", line))]
+            if STATE_INIT in compiled[:-1]:
+                return
+            assert self.proc.poll() is None, self.text()
+            time.sleep(0.01)
+        raise AssertionError("the train step was not compiled in time:\n" + self.text())
+
+    def finish(self, timeout=240) -> str:
+        self.proc.wait(timeout=timeout)
+        self._thread.join(timeout=10)
+        return self.text()
+
+    def text(self) -> str:
+        return "".join(line for line in self.lines if "Compiling" not in line and "compilation" not in line)
+
+
+def stopped_steps(text: str) -> list[int]:
+    return [int(step) for step in re.findall(r"stopped at step (\d+);", text)]
+
+
+def test_sigterm_to_one_process_during_compile_stops_both_at_one_step_and_the_rerun_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAX_LOG_COMPILES", "1")
+    workdir = str(tmp_path / "sigterm")
+    train = {"steps": 10_000, "checkpoint_every": 0}
+    outputs = [Output(p) for p in launch(workdir, *flags({"data": 4}, **train))]
+    outputs[1].wait_for_train_step_compile()
+    outputs[1].proc.send_signal(signal.SIGTERM)           # the non-primary process only, before its first step
+    signalled = time.monotonic()
+    texts = [out.finish() for out in outputs]
+    assert [out.proc.returncode for out in outputs] == [0, 0], "\n\n".join(texts)
+    assert time.monotonic() - signalled < 120             # neither trains on nor waits for a lost peer
+    (stop,), (other,) = stopped_steps(texts[0]), stopped_steps(texts[1])
+    assert stop == other >= 1, texts
+    assert sorted(d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()) == [str(stop)]
+    assert not os.path.exists(os.path.join(workdir, "lock.json"))
+    # The rerun (one process holding the 4 devices) against an uninterrupted run of the same config.
+    loop_lib.train_and_evaluate(config(mesh=ONE_PROCESS, **train, stop_after_steps=2), workdir,
+                                devices=jax.devices()[:4])
+    fresh = str(tmp_path / "fresh")
+    loop_lib.train_and_evaluate(config(mesh=ONE_PROCESS, **train, stop_after_steps=stop + 2), fresh,
+                                devices=jax.devices()[:4])
+    got, want = losses(workdir), losses(fresh)
+    assert sorted(got) == sorted(want) == list(range(1, stop + 3))
+    # 2 processes and 1 process sum the gradients in different orders: equal to float32 rounding.
+    np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)], atol=1e-5)
+
+
+def _interrupt_during_compile(workdir, times):
+    env = dict(subprocess_env(), JAX_LOG_COMPILES="1")
+    out = Output(subprocess.Popen(cli(workdir, "--config.train.steps=10000"), env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True))
+    out.wait_for_train_step_compile()
+    for _ in range(times):
+        out.proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+    return out.finish(), out.proc.returncode
+
+
+def test_ctrl_c_during_compile_stops_after_the_first_step_in_one_line(tmp_path):
+    workdir = str(tmp_path / "ctrl_c")
+    text, status = _interrupt_during_compile(workdir, times=1)
+    assert status == 0, text
+    assert "Traceback" not in text
+    assert text.splitlines()[-1] == f"stopped at step 1; checkpoint saved in {workdir}/checkpoints"
+    assert not os.path.exists(os.path.join(workdir, "lock.json"))
+
+
+def test_second_ctrl_c_stops_at_once_in_one_line_and_releases_the_workdir(tmp_path):
+    workdir = str(tmp_path / "ctrl_c_twice")
+    text, status = _interrupt_during_compile(workdir, times=2)
+    assert status == 130, text
+    assert "Traceback" not in text
+    assert text.splitlines()[-1].startswith("interrupted by a second Ctrl-C: stopped at once, without saving")
+    assert not os.path.exists(os.path.join(workdir, "lock.json"))
+
+
+def test_a_run_stopped_inside_a_logging_window_logs_the_records_of_an_uninterrupted_run(tmp_path):
+    """The stop at step 6 carries steps 5-6 into the checkpoint; the resumed run's mean over steps 5-8 is the same
+    number as the uninterrupted run's (every logged quantity but the throughput)."""
+    def run(workdir, **train):
+        cfg = tiny_config("steps=8")
+        cfg.train.log_every, cfg.train.checkpoint_every = 4, 0
+        cfg.train.update(train)
+        return loop_lib.train_and_evaluate(cfg, workdir)
+
+    uninterrupted, resumed = str(tmp_path / "uninterrupted"), str(tmp_path / "resumed")
+    run(uninterrupted)
+    assert run(resumed, stop_after_steps=6) == {"preempted_at_step": 6}
+    run(resumed)
+    drop_timing = [{k: v for k, v in r.items() if k != "img_per_s"} for r in read_metrics(uninterrupted)]
+    assert [{k: v for k, v in r.items() if k != "img_per_s"} for r in read_metrics(resumed)] == drop_timing
+    assert [r["step"] for r in read_metrics(resumed) if "train_loss" in r] == [4, 8]
