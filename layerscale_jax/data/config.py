@@ -8,7 +8,8 @@ any attribute object; missing fields take the defaults for its `name`) and retur
 Fields (`data.*`):
   name               'digits' (offline default), 'synthetic', or any TFDS image-classification name ('cifar10',
                      'imagenet2012', ...) prepared as array_record in `data_dir`.
-  data_dir           TFDS data directory; None -> $TFDS_DATA_DIR, else ~/tensorflow_datasets.
+  data_dir           TFDS data directory; None -> $TFDS_DATA_DIR, else ~/tensorflow_datasets. A local path (`~`
+                     expanded), file://PATH or gs://BUCKET/PATH (docs/storage.md).
   train_split        the split trained on: 'train', or any TFDS split string ('train[:99%]'; digits also has
                      'train_without_validation', the train split less its stratified 'validation' part).
   eval_split         the split evaluated during and after training; None -> 'test' if the dataset has one, else
@@ -45,6 +46,7 @@ from collections.abc import Mapping
 import ml_collections
 
 from layerscale_jax.cli import did_you_mean
+from layerscale_jax.paths import as_path
 
 DIGITS = "digits"
 SYNTHETIC = "synthetic"
@@ -244,6 +246,8 @@ def validate_data_config(cfg):
     data_dir = get("data_dir")
     if data_dir is not None and (not isinstance(data_dir, str) or not data_dir):
         raise ValueError(f"data.data_dir must be None or a non-empty path string, got {data_dir!r}")
+    if data_dir is not None:
+        as_path(data_dir, "data.data_dir")       # a local path, file:// or gs://
     image_size = _int(get("image_size"), "image_size", 1)
     train_split = get("train_split")
     if not isinstance(train_split, str) or not train_split.strip():

@@ -18,6 +18,7 @@ import sys
 import numpy as np
 
 from layerscale_jax.data.config import DIGITS, SYNTHETIC
+from layerscale_jax.paths import as_path, is_url
 
 PREPARE_MODULE = "layerscale_jax.data.prepare"
 
@@ -31,9 +32,11 @@ class BadRecordError(ValueError):
 
 
 def resolve_data_dir(data_dir):
-    """`data.data_dir`, else $TFDS_DATA_DIR, else ~/tensorflow_datasets (TFDS's own rule), as an absolute path."""
-    path = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
-    return os.path.abspath(os.path.expanduser(path))
+    """`data.data_dir`, else $TFDS_DATA_DIR, else ~/tensorflow_datasets (TFDS's own rule): an absolute local path
+    (`~` expanded, `file://` removed) or a `gs://` URL, as a string (`layerscale_jax.paths`)."""
+    if data_dir:
+        return os.fspath(as_path(data_dir, "data.data_dir"))
+    return os.fspath(as_path(os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets", "TFDS_DATA_DIR"))
 
 
 def prepare_command(name, data_dir, manual_dir=None):
@@ -116,12 +119,13 @@ def prepare_digits(data_dir):
     from layerscale_jax.data.digits import Digits
 
     # Check for the files first: constructing a builder on an empty directory logs a warning.
-    info_file = os.path.join(data_dir, DIGITS, str(Digits.VERSION), "dataset_info.json")
-    if os.path.exists(info_file):
+    info_file = as_path(data_dir) / DIGITS / str(Digits.VERSION) / "dataset_info.json"
+    if info_file.exists():
         builder = tfds_builder(DIGITS, data_dir)
         if _is_prepared_as_array_record(builder):
             return builder
-    with _file_lock(os.path.join(data_dir, ".digits.prepare.lock")):
+    lock = contextlib.nullcontext() if is_url(data_dir) else _file_lock(os.path.join(data_dir, ".digits.prepare.lock"))
+    with lock:                  # a bucket has no file locks: there, prepare it once beforehand (data.prepare)
         builder = tfds_builder(DIGITS, data_dir)
         if not _is_prepared_as_array_record(builder):
             cmd = [sys.executable, "-m", PREPARE_MODULE, f"--name={DIGITS}", f"--data_dir={data_dir}"]

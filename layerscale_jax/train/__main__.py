@@ -33,6 +33,7 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from layerscale_jax.cli import UserError, did_you_mean, run_cli  # noqa: E402
+from layerscale_jax.paths import as_path  # noqa: E402
 from layerscale_jax.train.config import load_config, validate_experiment_config  # noqa: E402
 
 CONFIG_FLAG = "config"
@@ -127,6 +128,7 @@ def parse_command_line(argv: list[str]) -> flags.FlagValues:
         raise UserError(f"unexpected argument(s) {unparsed[1:]} (flags are written --name=value)")
     if not flag_values.workdir:
         raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
+    as_path(flag_values.workdir, "--workdir")      # a local path, file:// or gs:// (layerscale_jax.paths)
     validate_experiment_config(flag_values[CONFIG_FLAG].value)
     return flag_values
 

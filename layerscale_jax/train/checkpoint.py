@@ -49,6 +49,7 @@ from orbax.checkpoint import checkpoint_managers as ocm
 
 from layerscale_jax.checksums import corruption, file_digests, list_files
 from layerscale_jax.cli import UserError
+from layerscale_jax.paths import as_path  # noqa: F401 (also imported from here by the loop)
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +79,6 @@ class CheckpointSaveError(UserError):
 
 class NoUsableCheckpointError(UserError):
     """Checkpoints exist in the workdir but none of them can be restored."""
-
-
-def as_path(path) -> epath.Path:
-    """An ``epath.Path`` for a local path (made absolute) or a URL-like one (``gs://...``, kept as is)."""
-    text = os.fspath(path)
-    return epath.Path(text if "://" in text else os.path.abspath(text))
 
 
 def _finite_flag(tree) -> jax.Array:

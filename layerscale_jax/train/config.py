@@ -29,6 +29,10 @@ A full experiment config (see ``configs/``) has four sections (and an optional `
   finetune            'full' | 'lora' | 'linear_probe': what trains (``train.finetune``); with 'lora' the optional
                       top-level ``config.lora`` section (``layerscale_jax.lora.default_config()``) sets rank, α,
                       dropout, targets and whether the head, norms and LayerScale λ train.
+  compilation_cache_dir   JAX's persistent compilation cache (a restart loads the compiled step instead of
+                      compiling it again): a local path (default ``~/.cache/layerscale_jax/xla``, per host), or on a
+                      pod a path every host and every restarted VM shares (``gs://BUCKET/xla_cache``); '' turns it
+                      off. See docs/storage.md.
 
 ``load_config(spec)`` reads a config file (``configs/X.py[:arg]``) and ``validate_experiment_config(config)``
 checks all four sections where the config enters (the command line calls both before anything else starts):
@@ -48,6 +52,7 @@ import ml_collections
 from layerscale_jax.cli import UserError, did_you_mean
 from layerscale_jax.models import model_config
 from layerscale_jax.models.registry import get_entry
+from layerscale_jax.paths import as_path
 from layerscale_jax.train.sharding import DEFAULT_RULES, MESH_FIELDS, validate_mesh_config
 
 NONFINITE_MODES = ("raise", "skip")
@@ -97,6 +102,7 @@ def default_train_config() -> ml_collections.ConfigDict:
         "init_from": "",
         "stop_after_steps": 0,
         "finetune": "full",
+        "compilation_cache_dir": "~/.cache/layerscale_jax/xla",
     })
 
 
@@ -131,6 +137,10 @@ def validate_train_config(train) -> None:
         raise ValueError(f"train.nonfinite={train.nonfinite!r} is not one of {NONFINITE_MODES}")
     if not isinstance(train.init_from, str):
         raise ValueError(f"train.init_from={train.init_from!r} must be '' or a path")
+    if not isinstance(train.compilation_cache_dir, str):
+        raise ValueError(f"train.compilation_cache_dir={train.compilation_cache_dir!r} must be '' or a path")
+    if train.compilation_cache_dir:
+        as_path(train.compilation_cache_dir, "train.compilation_cache_dir")     # a supported scheme
     from layerscale_jax.train.finetune import FINETUNE_MODES
     if train.get("finetune", "full") not in FINETUNE_MODES:
         raise ValueError(f"train.finetune={train.get('finetune')!r} is not one of {FINETUNE_MODES}")

@@ -18,7 +18,7 @@ from layerscale_jax.train.checkpoint import as_path
 # long the run goes on, what it logs, how it is laid out on devices, not what the checkpoints hold.
 RESUMABLE_CHANGES = (
     "train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
-    "train.stop_after_steps", "train.nonfinite", "train.eval_batch_size", "train.mesh.",
+    "train.stop_after_steps", "train.nonfinite", "train.eval_batch_size", "train.mesh.", "train.compilation_cache_dir",
     "data.num_workers", "data.prefetch",
 )
 

@@ -30,4 +30,5 @@ def get_config(arg=None):
     config.train.log_every = 1
     config.train.eval_every = 0
     config.train.checkpoint_every = 2
+    config.train.compilation_cache_dir = ""      # tests keep the session's cache (tests/conftest.py)
     return config

@@ -1,0 +1,41 @@
+"""Paths as users write them (``--workdir``, ``data.data_dir``, ``train.compilation_cache_dir``), as ``etils.epath``
+paths: a local path (``~`` expanded, made absolute), ``file://PATH`` (the same local path), or ``gs://BUCKET/PATH``
+(Google Cloud Storage, kept as it is).
+
+``gs://`` is the one cloud scheme every writer of a run supports: orbax (TensorStore's ``gcs`` driver for the
+arrays, ``etils.epath`` for the rest, ``google-cloud-storage`` to list steps: ``pip install -e ".[gcs]"``), the
+side files, logs and TensorBoard event files (``etils.epath``), TFDS and JAX's compilation cache. Any other scheme
+(``s3://``, ``memory://``, ...) is refused where it enters, naming the field and the value.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from etils import epath
+
+from layerscale_jax.cli import UserError
+
+CLOUD_SCHEMES = ("gs",)
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
+
+
+def is_url(path) -> bool:
+    """Whether ``path`` (already through ``as_path``) is on cloud storage rather than on a local filesystem."""
+    return _SCHEME.match(os.fspath(path)) is not None
+
+
+def as_path(path, field: str = "path") -> epath.Path:
+    """The ``epath.Path`` of ``path`` as a user wrote it (see the module docstring); ``field`` names it in the
+    one-line error for an unsupported scheme."""
+    text = os.fspath(path)
+    match = _SCHEME.match(text)
+    if match is None:
+        return epath.Path(os.path.abspath(os.path.expanduser(text)))
+    scheme, rest = match.groups()
+    if scheme == "file":
+        return epath.Path(os.path.abspath(os.path.expanduser(rest)))
+    if scheme in CLOUD_SCHEMES:
+        return epath.Path(text)
+    raise UserError(f"{field}={text!r}: the scheme '{scheme}://' is not supported; use a local path, file://PATH or "
+                    f"gs://BUCKET/PATH")
