@@ -163,7 +163,7 @@ def test_without_slices_processes_are_the_granules_and_can_interleave_the_batch(
 
 @pytest.mark.parametrize("mesh, message", [
     ({"dcn_data": 4}, r"dcn_data=4 × dcn_fsdp=1 × dcn_tensor=1 = 4 granules, but the 32 devices belong to 2 "
-                      r"slice\(s\)"),
+                      r"slices; the dcn_\* sizes must multiply to the number of slices$"),
     ({"data": -1}, r"= 1 granules, but the 32 devices belong to 2 slice"),
     ({"dcn_data": 2, "data": 3, "fsdp": -1}, r"16 devices per slice are not divisible by 3"),
     ({"dcn_data": 2, "data": 2, "fsdp": 4}, r"needs 8 devices per slice but 16 are available"),

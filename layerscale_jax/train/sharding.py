@@ -98,9 +98,10 @@ def mesh_devices(mesh_config: Mapping[str, int], devices: Sequence[Any]) -> np.n
         groups = [devices]                           # one granule: processes matter only when split across
     if math.prod(dcn_shape) != len(groups):
         product = " × ".join(f"dcn_{a}={dcn[f'dcn_{a}']}" for a in MESH_AXES)
+        plural = {"slice": "slices", "process": "processes"}[kind]
         raise ValueError(f"train.mesh: {product} = {math.prod(dcn_shape)} granules, but the {len(devices)} devices "
-                         f"belong to {len(groups)} {kind}(s); the dcn_* sizes must multiply to the number of "
-                         f"{kind}s")
+                         f"belong to {len(groups)} {kind if len(groups) == 1 else plural}; the dcn_* sizes must "
+                         f"multiply to the number of {plural}")
     per_granule = {len(g) for g in groups}
     if len(per_granule) != 1:
         raise ValueError(f"train.mesh: the {kind}s hold different numbers of devices {sorted(per_granule)}")
