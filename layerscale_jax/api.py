@@ -263,7 +263,8 @@ def evaluate(model: nnx.Module, config: ml_collections.ConfigDict, split: str | 
     from layerscale_jax.train.step import make_eval_step
 
     if split is not None:
-        config = override_config(config, {"data.eval_split": split})
+        config = copy.deepcopy(config)           # only the data section is read: a stored config of an older run works
+        config.data.eval_split = split
     info = get_dataset_info(config.data)
     cfg = model.cfg
     for field, expected in (("num_classes", info.num_classes), ("img_size", info.image_size),

@@ -33,6 +33,23 @@ def ema_run(tmp_path_factory):
     return lsj.fit(config, tmp_path_factory.mktemp("api") / "run")
 
 
+@pytest.fixture(scope="module")
+def interrupted_run(tmp_path_factory):
+    """``(workdir, config, the exception)`` of a run (no EMA) that SIGINT stopped after its first logged step."""
+    config = tiny_config(train={"steps": 150, "log_every": 1, "eval_every": 0, "checkpoint_every": 0})
+    workdir = tmp_path_factory.mktemp("api") / "interrupted"
+
+    def interrupt_after_the_first_logged_step():
+        while not (workdir / "metrics.jsonl").exists():
+            time.sleep(0.002)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_after_the_first_logged_step, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt) as err:
+        lsj.fit(config, workdir)
+    return workdir, config, err.value
+
+
 def _cli_error(argv):
     with pytest.raises((UserError, ValueError)) as err:
         parse_command_line(argv + ["--workdir", "unused"])
@@ -117,11 +134,9 @@ def test_ema_weights_on_request(ema_run, tmp_path):
     assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ema), jax.tree.leaves(params)))
 
 
-def test_a_run_without_ema_refuses_the_ema_option(tmp_path):
-    config = tiny_config(train={"steps": 3, "eval_every": 0})
-    run = lsj.fit(config, tmp_path / "run")
+def test_a_run_without_ema_refuses_the_ema_option(interrupted_run):
     with pytest.raises(ValueError, match="holds no EMA"):
-        lsj.load_run(run.workdir, ema=True)
+        lsj.load_run(interrupted_run[0], ema=True)
 
 
 def test_fitting_again_in_the_same_process_gives_the_same_run(ema_run, tmp_path):
@@ -135,23 +150,14 @@ def test_fitting_again_in_the_same_process_gives_the_same_run(ema_run, tmp_path)
     assert lsj.fit(ema_run.config, tmp_path / "again").results == again.results
 
 
-def test_ctrl_c_stops_at_a_step_boundary_and_the_workdir_resumes(tmp_path):
-    config = tiny_config(train={"steps": 5000, "log_every": 1, "eval_every": 0, "checkpoint_every": 0})
-    workdir = tmp_path / "run"
-
-    def interrupt_after_the_first_logged_step():
-        while not (workdir / "metrics.jsonl").exists():
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=interrupt_after_the_first_logged_step, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt) as err:
-        lsj.fit(config, workdir)
-    assert isinstance(err.value, lsj.TrainingInterrupted) and 1 <= err.value.step < 5000
+def test_ctrl_c_stops_at_a_step_boundary_and_the_workdir_resumes(interrupted_run):
+    workdir, config, interrupt = interrupted_run
+    assert isinstance(interrupt, lsj.TrainingInterrupted) and 1 <= interrupt.step < config.train.steps
     stopped = lsj.load_run(workdir)
-    assert stopped.step == err.value.step and not stopped.finished
-    resumed = lsj.fit(lsj.override_config(config, {"train.steps": stopped.step + 2}), workdir)
-    assert resumed.results["resumed_from_step"] == stopped.step and resumed.step == stopped.step + 2
+    assert stopped.step == interrupt.step and not stopped.finished
+    assert max(record["step"] for record in stopped.history) == interrupt.step
+    resumed = lsj.fit(config, workdir)
+    assert resumed.results["resumed_from_step"] == stopped.step and resumed.step == config.train.steps
 
 
 def test_example_batch_of_the_eval_split_is_its_first_examples():
@@ -161,3 +167,11 @@ def test_example_batch_of_the_eval_split_is_its_first_examples():
     assert np.array_equal(lsj.example_batch(config, size=3)["label"], batch["label"][:3])
     with pytest.raises(ValueError, match="split='test'"):
         lsj.example_batch(config, "test")
+
+
+def test_evaluate_on_another_split_counts_each_of_its_examples_once(ema_run):
+    stored = lsj.load_run(ema_run.workdir)          # the config read back from the checkpoint works as well
+    metrics = lsj.evaluate(stored.model, stored.config, split="validation")
+    assert metrics["val_examples"] == 285 and 0 <= metrics["val_accuracy"] <= 1     # digits' validation split
+    with pytest.raises(ValueError, match="data.eval_split='nope'"):
+        lsj.evaluate(stored.model, stored.config, split="nope")
