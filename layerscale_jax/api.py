@@ -37,13 +37,13 @@ __all__ = ["Run", "TrainingInterrupted", "diagnose", "evaluate", "example_batch"
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """``fit`` was stopped by Ctrl-C (SIGINT) or SIGTERM; a checkpoint of ``step`` was saved in ``workdir``.
+    """``fit`` was stopped by Ctrl-C (SIGINT) or SIGTERM after ``step`` steps, with their checkpoint in ``workdir``
+    (none when the signal came before the first step).
 
     A ``KeyboardInterrupt``, so a loop of runs in a cell stops too; ``fit(config, err.workdir)`` resumes the run."""
 
     def __init__(self, workdir: Path, step: int):
-        super().__init__(f"stopped at step {step}; the checkpoint is saved in {workdir}: "
-                         f"fit(config, {str(workdir)!r}) resumes the run")
+        super().__init__(f"stopped after step {step}; fit(config, {str(workdir)!r}) resumes the run from there")
         self.workdir, self.step = workdir, step
 
 
@@ -142,10 +142,11 @@ def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *,
     returned without training; one of a different config is refused), None makes a new temporary directory (kept:
     delete ``run.workdir`` when done). ``ema`` chooses the model's weights as in ``load_run``.
 
-    Progress is one updating line. Ctrl-C (or SIGTERM) stops at the next step boundary, saves a checkpoint and
-    raises ``TrainingInterrupted`` naming the workdir. A config stopped by ``train.stop_after_steps`` returns the
-    unfinished ``Run`` (``run.finished`` is False). Errors in the config or workdir raise the CLI's one-line
-    messages (``ValueError``, ``UserError``, ``workdir.WorkdirError``).
+    Progress is one updating line. Ctrl-C (or SIGTERM) stops at the next step boundary, saves a checkpoint (when
+    there is new state) and raises ``TrainingInterrupted`` naming the workdir; a second Ctrl-C stops at once. A
+    config stopped by ``train.stop_after_steps`` returns the unfinished ``Run`` (``run.finished`` is False). Errors
+    in the config or workdir raise the CLI's one-line messages (``ValueError``, ``UserError``,
+    ``workdir.WorkdirError``).
     """
     from layerscale_jax.convert.pretrained import workdir_checkpoint
     from layerscale_jax.train.loop import train_and_evaluate
