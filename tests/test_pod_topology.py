@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 from collections import Counter
 
+import jax
 import numpy as np
 import pytest
 from jax.experimental import mesh_utils
@@ -125,6 +126,15 @@ def test_tensor_across_hosts_makes_those_hosts_read_the_same_rows():
     tensor_groups = {frozenset(d.process_index for d in array[i].flat) for i in range(4)}
     for group in tensor_groups:
         assert len(group) == 2 and len({plan[p] for p in group}) == 1
+
+
+@pytest.mark.parametrize("pod, mesh, shape", [("v4-32", POD_COMMAND, (2, 8, 1)), ("v5e-32", POD_COMMAND, (4, 8, 1)),
+                                              ("v5e-32", FSDP_CONFIGS, (1, 32, 1)),
+                                              ("v5p-128", FSDP_CONFIGS, (1, 64, 1))])
+def test_one_slice_is_laid_out_as_jax_make_mesh_does(pod, mesh, shape):
+    devices = PODS[pod]()
+    expected = jax.make_mesh(shape, shard_lib.MESH_AXES, devices=devices).devices
+    assert (shard_lib.mesh_devices(mesh, devices) == expected).all()
 
 
 def test_v5p_pod_command_splits_a_physical_axis_where_jax_make_mesh_would_refuse():
