@@ -160,6 +160,12 @@ def test_ctrl_c_stops_at_a_step_boundary_and_the_workdir_resumes(interrupted_run
     assert resumed.results["resumed_from_step"] == stopped.step and resumed.step == config.train.steps
 
 
+def test_a_run_split_by_stop_after_steps_returns_unfinished(interrupted_run, tmp_path):
+    config = lsj.override_config(interrupted_run[1], {"train.stop_after_steps": 3})
+    run = lsj.fit(config, tmp_path / "slot")
+    assert run.step == 3 and not run.finished and run.results is None
+
+
 def test_example_batch_of_the_eval_split_is_its_first_examples():
     config = tiny_config()
     batch = lsj.example_batch(config, size=5)
