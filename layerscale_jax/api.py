@@ -238,8 +238,11 @@ def diagnose(model: nnx.Module, batch: Mapping[str, Any]) -> dict[str, np.ndarra
     ``example_batch``), as host arrays: ``"loss"`` (scalar, the hard-label cross-entropy), and per block group and
     branch one value per layer: ``"blocks/attn.ratio"`` (‖scaled branch‖ / ‖residual stream‖), ``"blocks/attn.scale"``
     (mean |λ|; absent for ``branch_scaling='none'``), likewise ``mlp``, and ``"blocks/grad_norm"`` (‖∂L/∂θ_l‖)."""
+    from layerscale_jax.train import tasks as tasks_lib
     from layerscale_jax.train.diagnostics import branch_diagnostics
 
+    if not tasks_lib.for_model(model).uses_labels:
+        raise ValueError(f"diagnose measures a classifier's blocks on its loss; {type(model).__name__} is not one")
     missing = {"image", "label"} - set(batch)
     if missing:
         raise ValueError(f"batch lacks {sorted(missing)}: diagnose needs {{'image', 'label'}}")
