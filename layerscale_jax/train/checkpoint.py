@@ -182,7 +182,7 @@ class Checkpointer:
         self._in_flight: int | None = None        # the step orbax is writing in the background
         self._barrier = None
         async_options = ocp.AsyncOptions(
-            post_finalization_callback=self._seal_in_flight,
+            post_finalization_callback=lambda: self._seal_in_flight(),
             barrier_sync_fn=self._digest_then_barrier if jax.process_count() > 1 else None)
         options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=True,
                                                enable_async_checkpointing=True, async_options=async_options)
