@@ -181,3 +181,25 @@ def test_evaluate_on_another_split_counts_each_of_its_examples_once(ema_run):
     assert metrics["val_examples"] == 285 and 0 <= metrics["val_accuracy"] <= 1     # digits' validation split
     with pytest.raises(ValueError, match="data.eval_split='nope'"):
         lsj.evaluate(stored.model, stored.config, split="nope")
+
+
+def test_progress_watched_live_is_one_line_updated_in_place(tmp_path, monkeypatch):
+    import io
+
+    from layerscale_jax.train.metrics import MetricsWriter
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    writer = MetricsWriter(tmp_path, total_steps=4)
+    writer.progress(2, {"train_loss": 2.5})
+    writer.progress(2, {"test_accuracy": 0.25})
+    writer.progress(4, {"train_loss": 1.5})
+    writer.close()
+    shown = terminal.getvalue()
+    assert shown.count("\n") == 1 and shown.endswith("\n") and shown.count("\r") == 3
+    last = shown.rsplit("\r", 1)[1]
+    assert "4/4" in last and "train_loss 1.5" in last and "test_accuracy 0.25" in last   # newest of each
