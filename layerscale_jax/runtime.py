@@ -76,10 +76,11 @@ class StopSignals:
     - ``jax.distributed`` with its preemption service (the default, ``jax_enable_preemption_service``): JAX's sync
       point, ``jax.experimental.multihost_utils.reached_preemption_sync_point``. ``jax.distributed.initialize``
       installs JAX's own SIGTERM handler (its preemption notifier); a stop signal that came before that, and every
-      Ctrl-C, is passed on to it by raising SIGTERM. The notifier tells the coordination service; a background
-      protocol then takes the highest step any process has asked about and makes the next one the sync point
-      (within about a second; each question is a mutex lock, no device sync). The step numbers are those that
-      orbax's ``CheckpointManager.save`` asks about too, so its calls fit into the sequence;
+      Ctrl-C, is passed on to it by raising SIGTERM (right after ``initialize``, and at the next sync point). The
+      notifier tells the coordination service; a background protocol then takes the highest step any process has
+      asked about and makes the next one the sync point (within about a second; each question is a mutex lock, no
+      device sync). The step numbers are those that orbax's ``CheckpointManager.save`` asks about too, so its calls
+      fit into the sequence;
     - ``jax.distributed`` without the preemption service: the processes' flags all-gathered at every sync point.
     """
 
@@ -125,7 +126,8 @@ class StopSignals:
             self.received = name
             os.write(2, f"received {name}: the job stops before the next step every process agrees on, with a "
                         "checkpoint if there is new state (a second Ctrl-C stops at once, without one)\n".encode())
-        self.pass_to_jax()
+        # Not passed on to JAX from here: this may run inside jax.distributed.initialize, before JAX's notifier owns
+        # SIGTERM; ``pass_to_jax`` runs after it, and at every sync point.
 
     def pass_to_jax(self) -> None:
         """Once ``jax.distributed`` runs its preemption notifier, hand it a stop signal received so far (call it

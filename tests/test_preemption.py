@@ -1,6 +1,7 @@
 """Stop signals from the first second, through the CLI: a preemption notice (SIGTERM) to one process of two while the
-train step compiles stops both at one step; Ctrl-C while compiling ends in one line, a second Ctrl-C at once; and a
-run stopped between two logging steps logs the same records as an uninterrupted run.
+train step compiles stops both at one step, and before the distributed connect stops both before their first step;
+Ctrl-C while compiling ends in one line, a second Ctrl-C at once; and a run stopped between two logging steps logs
+the same records as an uninterrupted run.
 
 "During compile" is found without a test-only option: JAX's own ``JAX_LOG_COMPILES=1`` logs "Compiling jit(NAME)"
 before each compilation, and the first compilation after the state's ``init_fn`` is the train step's.
@@ -81,6 +82,34 @@ def test_sigterm_to_one_process_during_compile_stops_both_at_one_step_and_the_re
     assert sorted(got) == sorted(want) == list(range(1, stop + 3))
     # 2 processes and 1 process sum the gradients in different orders: equal to float32 rounding.
     np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)], atol=1e-5)
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (Linux: the SigCgt mask of /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    return bool(caught >> (signum - 1) & 1)
+
+
+def test_sigterm_before_the_distributed_connect_stops_both_processes_before_their_first_step(tmp_path):
+    workdir = str(tmp_path / "early")
+    procs = launch(workdir, *flags({"data": 4}, steps=10_000))
+    procs[0].send_signal(signal.SIGSTOP)                  # process 1 cannot connect while process 0 is stopped
+    outputs = [Output(p) for p in procs]
+    try:
+        deadline = time.monotonic() + 240
+        while not catches(procs[1].pid, signal.SIGTERM):  # its handler is installed: it is starting up
+            assert time.monotonic() < deadline and procs[1].poll() is None, outputs[1].text()
+            time.sleep(0.01)
+        procs[1].send_signal(signal.SIGTERM)
+    finally:
+        procs[0].send_signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    texts = [out.finish() for out in outputs]
+    assert [p.returncode for p in procs] == [0, 0], "\n\n".join(texts)
+    assert time.monotonic() - resumed < 120               # not jax.distributed's 300 s connect timeout
+    assert all(text.splitlines()[-1] == "stopped before step 1: nothing new to save" for text in texts), texts
+    assert not [d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
 
 
 def _interrupt_during_compile(workdir, times):
