@@ -138,7 +138,7 @@ def load_config(spec: str, overrides: Mapping[str, Any] | None = None,
 def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *, ema: bool | None = None) -> Run:
     """Train ``config`` in this process, as ``python -m layerscale_jax.train`` would, and return the ``Run``.
 
-    ``workdir``: the run's directory; an existing one is resumed from its newest checkpoint (a finished one is
+    ``workdir``: the run's local directory; an existing one is resumed from its newest checkpoint (a finished one is
     returned without training; one of a different config is refused), None makes a new temporary directory (kept:
     delete ``run.workdir`` when done). ``ema`` chooses the model's weights as in ``load_run``.
 
@@ -171,8 +171,8 @@ def load_run(workdir: str | Path, *, step: int | None = None, ema: bool | None =
 
     ``ema``: True for the EMA of the parameters (an error if the run kept none, ``optim.ema_decay=0``), False for
     the parameters, None (default) for the weights the run evaluated (the EMA when it kept one). The config is the
-    one stored with the checkpoint. Raises ``FileNotFoundError`` / ``ValueError`` naming the workdir when it holds
-    no usable checkpoint (or not ``step``).
+    one stored with the checkpoint. Raises ``UserError`` for a missing directory, ``FileNotFoundError`` /
+    ``ValueError`` naming the workdir when it holds no usable checkpoint (or not ``step``).
     """
     from layerscale_jax.convert.pretrained import load_workdir, workdir_checkpoint, workdir_config
 
