@@ -216,8 +216,8 @@ def _architecture_line(arch: dict) -> str:
 def use_compilation_cache(directory: str) -> None:
     """JAX's persistent compilation cache in ``directory`` (``train.compilation_cache_dir``; '' leaves it off): a
     restarted job loads its compiled programs instead of compiling them again. Every program is cached however fast
-    it compiled (JAX's default skips those under 1 s: a restart also compiles a few dozen small ones); the minimum
-    entry size stays JAX's choice for the filesystem. Takes effect only before the process's first compilation."""
+    it compiled (JAX's default skips those under 1 s: the restore's small ones add up); the minimum entry size stays
+    JAX's choice for the filesystem. Takes effect only before the process's first compilation."""
     if directory:
         jax.config.update("jax_compilation_cache_dir", os.fspath(as_path(directory, "train.compilation_cache_dir")))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
