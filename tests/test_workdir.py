@@ -2,6 +2,7 @@
 a failed save, a second job, a killed run's extra metric records, a non-finite update; epath (gs://) workdirs."""
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -314,9 +315,150 @@ def test_each_process_checks_only_its_share_of_the_files_and_the_shares_cover_ev
     assert names[1] in corruption(step_dir, seal)
 
 
-def test_checkpoint_files_belong_to_the_process_that_wrote_them():
-    from layerscale_jax.train.checkpoint import writer_process
-    assert writer_process("state/ocdbt.process_3/d/0a1b") == 3
-    assert writer_process("state/array_metadatas/process_12") == 12
-    assert writer_process("state/d/0a1b") == writer_process("state/manifest.ocdbt") == 0
-    assert writer_process("config/metadata") == writer_process("state/_sharding") == 0
+# -- torn logs, restarts, changed step counts, unusable workdirs, full disks ----------------------------------------
+
+def resumable_copy(finished, tmp_path, name):
+    """A copy of the finished run as a run killed after its step-4 checkpoint."""
+    workdir = copy_run(finished, tmp_path, name)
+    os.remove(os.path.join(workdir, "results.json"))
+    shutil.rmtree(os.path.join(workdir, "checkpoints", str(STEPS)))
+    return workdir
+
+
+def without_speed(records):
+    return [{k: v for k, v in r.items() if k != "img_per_s"} for r in records]
+
+
+def test_a_torn_last_line_of_the_metrics_log_is_dropped_with_one_warning(finished, tmp_path, caplog):
+    workdir = resumable_copy(finished, tmp_path, "torn")
+    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+        f.write('{"step": 7, "train_lo')                      # the disk filled while this line was appended
+    with caplog.at_level("WARNING"):
+        loop_lib.train_and_evaluate(config(), workdir)
+    torn = [r for r in caplog.records if "is incomplete" in r.getMessage()]
+    assert len(torn) == 1 and "metrics.jsonl line" in torn[0].getMessage()
+    assert without_speed(read_metrics(workdir)) == without_speed(read_metrics(finished[0]))
+
+
+def test_a_damaged_line_inside_the_metrics_log_is_an_error_naming_the_file_and_the_line(finished, tmp_path):
+    workdir = resumable_copy(finished, tmp_path, "damaged")
+    path = os.path.join(workdir, "metrics.jsonl")
+    lines = open(path).read().splitlines()
+    lines[2] = lines[2][:9]
+    open(path, "w").write("\n".join(lines) + "\n")
+    with pytest.raises(workdir_lib.WorkdirError, match=r"metrics\.jsonl line 3 is not a metrics record"):
+        loop_lib.train_and_evaluate(config(), workdir)
+
+
+def test_without_a_usable_checkpoint_a_rerun_is_refused_until_restart_moves_the_earlier_run_aside(finished,
+                                                                                                    tmp_path):
+    workdir = copy_run(finished, tmp_path, "restart")
+    os.remove(os.path.join(workdir, "results.json"))
+    for step in checkpoint_steps(workdir):
+        corrupt(workdir, step, "random_bytes")
+    with pytest.raises(NoUsableCheckpointError, match="rerun with --restart"):
+        loop_lib.train_and_evaluate(config(), workdir)
+    earlier = open(os.path.join(workdir, "metrics.jsonl")).read()
+    with pytest.raises(workdir_lib.WorkdirError, match=r"holds an earlier run \(metrics\.jsonl with .*quarantined "
+                                                       r"checkpoint.*rerun with --restart"):
+        loop_lib.train_and_evaluate(config(), workdir)                # the same command again: refused
+    assert open(os.path.join(workdir, "metrics.jsonl")).read() == earlier
+
+    results = loop_lib.train_and_evaluate(config(), workdir, restart=True)
+    assert results["resumed_from_step"] is None and results["steps"] == STEPS
+    [previous] = os.listdir(os.path.join(workdir, "previous"))
+    moved = os.path.join(workdir, "previous", previous)
+    assert open(os.path.join(moved, "metrics.jsonl")).read() == earlier                  # moved, not deleted
+    assert {"tensorboard", "config.json", "checkpoints"} <= set(os.listdir(moved))
+    assert os.listdir(os.path.join(moved, "checkpoints", "quarantine"))
+    assert [r["step"] for r in read_metrics(workdir)] == [r["step"] for r in read_metrics(finished[0])]  # once each
+    assert len(os.listdir(os.path.join(workdir, "tensorboard"))) == 1
+
+
+def test_lowering_steps_below_the_run_in_a_workdir_is_refused_leaving_it_untouched(finished, tmp_path):
+    workdir = copy_run(finished, tmp_path, "shorter")
+    before = {name: open(os.path.join(workdir, name)).read() for name in ("results.json", "config.json")}
+    with pytest.raises(workdir_lib.WorkdirError, match=rf"trained to step {STEPS}, past train\.steps=4: .*"
+                                                       rf"train\.steps >= {STEPS}"):
+        loop_lib.train_and_evaluate(config(steps=4), workdir)
+    assert {name: open(os.path.join(workdir, name)).read() for name in before} == before
+
+
+def test_changing_steps_at_a_resume_says_what_the_learning_rate_becomes(finished, tmp_path, capsys):
+    workdir = copy_run(finished, tmp_path, "schedule")
+    loop_lib.train_and_evaluate(config(steps=8), workdir)
+    optim = config().optim
+    peak, end, warmup = optim.learning_rate, optim.end_learning_rate, optim.warmup_steps
+    assert optim.schedule == "cosine"
+    cosine = lambda t, total: end + (peak - end) * 0.5 * (1 + np.cos(np.pi * (t - warmup) / (total - warmup)))
+    assert (f"train.steps {STEPS} → 8: the cosine learning-rate schedule is laid over 8 steps now; step {STEPS + 1} "
+            f"runs at {cosine(STEPS, 8):.3g} (with train.steps={STEPS}: {cosine(STEPS, STEPS):.3g})"
+            ) in capsys.readouterr().out
+    assert read_metrics(workdir)[-2]["learning_rate"] == pytest.approx(cosine(STEPS + 1, 8))   # step 8's rate
+
+
+@pytest.mark.parametrize("what", ["a file", "under /proc"])
+def test_a_workdir_that_cannot_be_a_directory_is_one_clear_error(tmp_path, what):
+    workdir = tmp_path / "file" if what == "a file" else "/proc/layerscale_jax_workdir"
+    if what == "a file":
+        workdir.write_text("not a directory\n")
+    expected = "is a file, not a directory" if what == "a file" else "cannot be created (No such file or directory"
+    with pytest.raises(workdir_lib.WorkdirError, match=rf"--workdir {workdir} {re.escape(expected)}"):
+        loop_lib.train_and_evaluate(config(), str(workdir))
+
+
+def test_a_disk_too_full_for_the_state_stops_before_orbax_writes_naming_the_step(tmp_path, monkeypatch):
+    from layerscale_jax.train import checkpoint as checkpoint_lib
+    workdir = tmp_path / "full_disk"
+    real_statvfs = os.statvfs
+
+    def almost_full(path):
+        stat = real_statvfs(path)
+        return os.statvfs_result((stat.f_bsize, 1) + tuple(stat)[2:4] + (100,) + tuple(stat)[5:])   # 100 bytes free
+
+    monkeypatch.setattr(checkpoint_lib.os, "statvfs", almost_full)
+    with pytest.raises(CheckpointSaveError, match=r"checkpoint of step 2 .*no space left on device: 0\.0 MiB free "
+                                                  r"in .*, the state takes about .* MiB\); the last complete "
+                                                  r"checkpoint is none"):
+        loop_lib.train_and_evaluate(config(), str(workdir))
+    assert not [name for name in os.listdir(workdir / "checkpoints") if "orbax-checkpoint-tmp" in name]
+
+
+def test_a_failed_async_save_names_its_own_step(tmp_path, monkeypatch):
+    """The save of step 2 fails in the background; the error surfaces when step 4's save waits for it."""
+    import orbax.checkpoint as ocp
+    original_wait, original_save = ocp.CheckpointManager.wait_until_finished, ocp.CheckpointManager.save
+    started = []
+
+    def save(self, step, *args, **kwargs):
+        started.append(step)
+        return original_save(self, step, *args, **kwargs)
+
+    def failing_wait(self):
+        original_wait(self)
+        if started == [2]:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+    monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", failing_wait)
+    with pytest.raises(CheckpointSaveError, match="checkpoint of step 2 .*No space left on device.*last complete "
+                                                  "checkpoint is none"):
+        loop_lib.train_and_evaluate(config(), str(tmp_path / "async_step"))
+
+
+def test_a_full_disk_while_logging_stops_the_run_naming_the_step_instead_of_hanging(tmp_path, monkeypatch):
+    """A failed write of the metrics log or of TensorBoard's events (written in this thread: tensorboardX's writer
+    thread would die and block the run on its queue) stops the run with the cause."""
+    from tensorboardX import record_writer
+    real_write = record_writer.RecordWriter.write
+    written = []
+
+    def fill_up(self, data):
+        written.append(data)
+        if len(written) > 12:
+            raise OSError(28, "No space left on device")
+        return real_write(self, data)
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", fill_up)
+    with pytest.raises(OSError, match=r"writing the metrics of step \d+ in .* failed \(No space left on device\)"):
+        loop_lib.train_and_evaluate(config(), str(tmp_path / "logging"))

@@ -45,6 +45,9 @@ def _define_flags(flag_values: flags.FlagValues) -> None:
     """Every flag but --config (read by ``parse_command_line`` itself, then defined with the loaded config)."""
     flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, TensorBoard logs and results.json.",
                         flag_values=flag_values)
+    flags.DEFINE_bool("restart", False, "Start over in a workdir that holds an earlier run: its files (checkpoints, "
+                      "metrics.jsonl, tensorboard/, results.json, config.json) are moved to WORKDIR/previous/<time>/.",
+                      flag_values=flag_values)
     flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() with the cluster's auto-detection.",
                       flag_values=flag_values)
     flags.DEFINE_string("coordinator_address", None, "host:port of process 0 for jax.distributed.initialize.",
@@ -176,7 +179,8 @@ def main(argv: list[str]) -> int:
     absl_logging.set_verbosity(absl_logging.WARNING)
     from layerscale_jax.train.loop import train_and_evaluate
 
-    train_and_evaluate(config, parsed.workdir)   # workdir, save and checkpoint problems raise UserErrors
+    # workdir, save and checkpoint problems raise UserErrors
+    train_and_evaluate(config, parsed.workdir, restart=parsed.restart)
     return 0
 
 

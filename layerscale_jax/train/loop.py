@@ -223,12 +223,14 @@ def use_compilation_cache(directory: str) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def train_and_evaluate(config, workdir, devices=None) -> dict:
+def train_and_evaluate(config, workdir, devices=None, *, restart: bool = False) -> dict:
     """Train ``config`` in ``workdir`` (local or any ``etils.epath`` path; resuming from its latest checkpoint) and
     return the final results.
 
     ``devices`` (default: all) are arranged into the config's mesh. A finished workdir returns its stored results
-    without training; a workdir of a different config is refused (``workdir.WorkdirError``).
+    without training; a workdir of a different config, a shorter ``train.steps`` than the run it holds, or an
+    earlier run's logs without a checkpoint to resume are refused (``workdir.WorkdirError``). ``restart``
+    (``--restart``): the earlier run's files are moved to ``<workdir>/previous/<time>/`` and training starts afresh.
     """
     validate_experiment_config(config)
     workdir = as_path(workdir, "workdir")
@@ -238,8 +240,11 @@ def train_and_evaluate(config, workdir, devices=None) -> dict:
     problem = None
     if is_primary:
         try:
-            workdir.mkdir(parents=True, exist_ok=True)
+            workdir_lib.create(workdir)
             lock.acquire()
+            moved = workdir_lib.move_aside(workdir) if restart else None
+            if moved is not None:
+                print(f"--restart: the earlier run's files are moved to {moved}", flush=True)
         except workdir_lib.WorkdirError as err:
             problem = str(err)
     problem = broadcast_from_primary(problem)      # every process stops, not only process 0
@@ -268,6 +273,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
     accepted, problem = [], None
     if is_primary:
         try:
+            workdir_lib.check_resumable(workdir, checkpointer.directory, checkpointer.latest_step(), tc.steps)
             accepted = workdir_lib.check_stored_config(workdir, config_json, checkpointer.latest_step() is not None)
         except workdir_lib.WorkdirError as err:
             problem = str(err)
@@ -300,6 +306,10 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
     if restored is not None:
         start_step, state, data_state, pending = restored
         print(f"resumed from step {start_step} in {checkpointer.directory}", flush=True)
+        laid_over = workdir_lib.checkpoint_train_steps(checkpointer.directory, start_step) if is_primary else None
+        if laid_over not in (None, tc.steps):
+            print(_schedule_change(trainer.optim_config, laid_over, tc.steps, start_step,
+                                   int(jax.device_get(state["nonfinite_steps"]))), flush=True)
         if is_primary:
             workdir_lib.truncate_metrics(workdir / "metrics.jsonl", start_step)
     else:
@@ -423,6 +433,17 @@ def _window_mean(values: list) -> float:
     came from the devices (float32) or the window's first steps came from a checkpoint after a stop (Python floats,
     ``_host_window``), so a resumed run logs exactly what an uninterrupted one does."""
     return float(np.mean(np.asarray(values, dtype=np.float64)))
+
+
+def _schedule_change(optim_config, old_steps: int, new_steps: int, step: int, skipped: int) -> str:
+    """One line: a resumed run's ``train.steps`` differs from the one its checkpoint was trained under, so the
+    learning-rate schedule (laid over ``train.steps``) changes from the next step on (optimizer count
+    ``step - skipped``, the non-finite steps not counted)."""
+    count = step - skipped
+    new = float(optim.make_schedule(optim_config, new_steps)(count))
+    old = float(optim.make_schedule(optim_config, old_steps)(count))
+    return (f"train.steps {old_steps} → {new_steps}: the {optim_config.schedule} learning-rate schedule is laid over "
+            f"{new_steps} steps now; step {step + 1} runs at {new:.3g} (with train.steps={old_steps}: {old:.3g})")
 
 
 def _host_window(pending: list) -> list[dict]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import sys
 import time
 
@@ -12,6 +13,9 @@ from etils import epath
 
 from layerscale_jax.paths import CLOUD_SCHEMES
 from layerscale_jax.train.checkpoint import as_path
+
+log = logging.getLogger(__name__)
+FLUSH_SECS = 10
 
 
 class _EpathEventFile:
@@ -61,19 +65,32 @@ class MetricsWriter:
         self.tb_dir = workdir / "tensorboard"
         if self.enabled:
             workdir.mkdir(parents=True, exist_ok=True)
-            from tensorboardX import SummaryWriter, record_writer
+            from tensorboardX import record_writer
+            from tensorboardX.event_file_writer import EventsWriter
             for scheme in CLOUD_SCHEMES:          # event files on gs:// through etils.epath, like every other file
                 record_writer.register_writer_factory(scheme, _EpathEventFiles())
-            self.tb = SummaryWriter(str(self.tb_dir), flush_secs=10)
+            # Events are written here, not by tensorboardX's SummaryWriter: its writer thread dies on a failed
+            # write (a full disk) and its queue then blocks the run forever.
+            record_writer.directory_check(str(self.tb_dir))
+            self.tb = EventsWriter(str(self.tb_dir / "events"))
+            self._flushed = time.time()
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled:
             return
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
         record = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
-        with self.jsonl_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        for key, value in scalars.items():
-            self.tb.add_scalar(key, float(value), int(step))
+        try:
+            with self.jsonl_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            for key, value in scalars.items():
+                self.tb.write_event(Event(wall_time=time.time(), step=int(step), summary=scalar(key, float(value))))
+            if time.time() - self._flushed > FLUSH_SECS:
+                self.flush()
+        except OSError as err:
+            raise OSError(err.errno, f"writing the metrics of step {step} in {self.jsonl_path.parent} failed "
+                                     f"({err.strerror or err})") from err
 
     def progress(self, step: int, scalars: dict[str, float]) -> None:
         """One console line: step, loss, lr, throughput, input wait (ms per step the loop waited for the input
@@ -112,10 +129,16 @@ class MetricsWriter:
     def flush(self) -> None:
         if self.enabled:
             self.tb.flush()
+            self._flushed = time.time()
 
     def close(self) -> None:
+        """Flush and close the event file; a failure is a warning (a failed ``write`` has raised already, and a
+        failure while closing must not hide the error that is stopping the run)."""
         if self.enabled:
-            self.tb.close()
+            try:
+                self.tb.close()
+            except OSError as err:
+                log.warning("closing the TensorBoard event file in %s failed (%s)", self.tb_dir, err)
             if self.live and self._line_width:
                 print(file=sys.stderr, flush=True)          # end the live line
                 self._line_width = 0

@@ -1,10 +1,12 @@
-"""The workdir around a run: a lock against two jobs at once, the stored config, the metrics log after a resume.
+"""The workdir around a run: a lock against two jobs at once, the stored config, the metrics log after a resume,
+what a run may not do to an earlier one (shorten it, mix its logs with a fresh start), and ``--restart``.
 
 Every path is an ``etils.epath`` path, so a workdir may be local or ``gs://...``; only process 0 writes.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -23,8 +25,28 @@ RESUMABLE_CHANGES = (
 )
 
 
+PREVIOUS_DIR = "previous"       # --restart moves an earlier run's files to <workdir>/previous/<UTC time>/
+
+log = logging.getLogger(__name__)
+
+
 class WorkdirError(UserError):
     """The workdir cannot be used as asked (another job holds it, or it belongs to a different experiment)."""
+
+
+def create(workdir: epath.Path) -> None:
+    """Create ``workdir`` (with its parents); ``WorkdirError`` in one line when it cannot hold a run."""
+    if workdir.exists() and not workdir.is_dir():
+        raise WorkdirError(f"--workdir {workdir} is a file, not a directory; give a directory (created if missing)")
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise WorkdirError(f"--workdir {workdir} cannot be created ({_cause(err)}); give a directory this user can "
+                           "create and write") from err
+
+
+def _cause(err: OSError) -> str:
+    return f"{err.strerror}: {err.filename}" if err.strerror and err.filename else (err.strerror or str(err))
 
 
 def _flatten(tree, prefix=""):
@@ -93,15 +115,19 @@ class WorkdirLock:
                 f"workdir {self.path.parent} is in use by process {holder.get('pid')} on host {holder.get('host')} "
                 f"(started {holder.get('started')}); wait for it, or delete {self.path} if that job is gone")
         text = json.dumps(me)
-        if "://" not in str(self.path) and holder is None:
-            try:   # exclusive create on local filesystems: two jobs starting at once cannot both win
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            except FileExistsError:
-                return self.acquire()
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-        else:
-            self.path.write_text(text)
+        try:
+            if "://" not in str(self.path) and holder is None:
+                try:   # exclusive create on local filesystems: two jobs starting at once cannot both win
+                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                except FileExistsError:
+                    return self.acquire()
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+            else:
+                self.path.write_text(text)
+        except OSError as err:
+            raise WorkdirError(f"--workdir {self.path.parent} cannot be written ({_cause(err)}); give a directory "
+                               "this user can write") from err
         self.held = True
 
     @staticmethod
@@ -124,12 +150,99 @@ class WorkdirLock:
             self.held = False
 
 
+def metrics_lines(path: epath.Path) -> list[tuple[str, dict]]:
+    """``(line, record)`` for every record of the metrics log ``path`` (``metrics.jsonl``).
+
+    The log is append-only, so only its last line can be torn (the disk filled, or the job died, while it was being
+    written): such a line is dropped with one warning. A damaged line anywhere else is an error naming the file and
+    the line.
+    """
+    lines = path.read_text().splitlines()
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("not an object with an integer 'step'")
+        except ValueError as err:
+            if number == len(lines):
+                log.warning("%s line %d is incomplete (%s): dropped, the run writing it stopped in the middle of "
+                            "the line (e.g. the disk was full)", path, number, err)
+                break
+            raise WorkdirError(f"{path} line {number} is not a metrics record ({err}): {line[:60]!r}; repair or "
+                               "delete that line") from err
+        out.append((line, record))
+    return out
+
+
 def truncate_metrics(path: epath.Path, last_step: int) -> None:
-    """Drop the records after ``last_step`` (logged by a run that was killed before its next checkpoint), so the
-    resumed run appends exactly what an uninterrupted run would have written."""
+    """Drop the records after ``last_step`` (logged by a run that was killed before its next checkpoint) and a torn
+    last line, so the resumed run appends exactly what an uninterrupted run would have written."""
     if not path.exists():
         return
-    lines = path.read_text().splitlines()
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= last_step]
-    if len(kept) != len(lines):
-        path.write_text("".join(line + "\n" for line in kept))
+    text = path.read_text()
+    kept = "".join(line + "\n" for line, record in metrics_lines(path) if record["step"] <= last_step)
+    if kept != text:
+        path.write_text(kept)
+
+
+def check_resumable(workdir: epath.Path, checkpoints: epath.Path, latest_step: int | None, steps: int) -> None:
+    """Refuse, before anything in ``workdir`` is written, what would corrupt the run it holds: training past
+    ``train.steps`` already (shortening it would rewrite its results and config), or starting from step 0 beside
+    the logs of an earlier run that left no usable checkpoint (the two runs' records would mix)."""
+    if latest_step is not None and latest_step > steps:
+        raise WorkdirError(
+            f"workdir {workdir} holds a run trained to step {latest_step}, past train.steps={steps}: a run is not "
+            f"shortened (its results.json and config.json are left as they are); continue it with train.steps >= "
+            f"{latest_step}, export an earlier checkpoint with `python -m layerscale_jax.convert --source {workdir} "
+            f"--step N`, or use a new --workdir")
+    if latest_step is None:
+        earlier = earlier_run(workdir, checkpoints)
+        if earlier:
+            raise WorkdirError(
+                f"workdir {workdir} holds an earlier run ({', '.join(earlier)}) but no checkpoint to resume it "
+                f"from; rerun with --restart to start over here (its files are moved to {workdir / PREVIOUS_DIR}/"
+                "<time>/, nothing is deleted), or use a new --workdir")
+
+
+def earlier_run(workdir: epath.Path, checkpoints: epath.Path) -> list[str]:
+    """What a run that cannot be resumed left in ``workdir``: records in metrics.jsonl, results.json, quarantined
+    checkpoints (a run starting from step 0 would mix its logs with them)."""
+    found = []
+    metrics = workdir / "metrics.jsonl"
+    if metrics.exists() and metrics.read_text().strip():
+        found.append(f"{metrics.name} with {len(metrics.read_text().splitlines())} line(s)")
+    if (workdir / "results.json").exists():
+        found.append("results.json")
+    quarantine = checkpoints / "quarantine"
+    if quarantine.exists() and any(quarantine.iterdir()):
+        found.append(f"{len(list(quarantine.iterdir()))} quarantined checkpoint(s) in {quarantine}")
+    return found
+
+
+def move_aside(workdir: epath.Path) -> epath.Path | None:
+    """``--restart``: every file of the earlier run (checkpoints, metrics.jsonl, tensorboard/, results.json,
+    config.json, ...) moves to ``<workdir>/previous/<UTC time>/``; returns that directory (None: nothing to move)."""
+    names = sorted(p.name for p in workdir.iterdir() if p.name not in ("lock.json", PREVIOUS_DIR))
+    if not names:
+        return None
+    stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.gmtime())
+    target, n = workdir / PREVIOUS_DIR / stamp, 1
+    while target.exists():
+        n += 1
+        target = workdir / PREVIOUS_DIR / f"{stamp}_{n}"
+    target.mkdir(parents=True)
+    for name in names:
+        (workdir / name).rename(target / name)
+    return target
+
+
+def checkpoint_train_steps(checkpoints: epath.Path, step: int) -> int | None:
+    """``train.steps`` of the config saved with the checkpoint of ``step`` (what its schedule was laid over), or
+    None if it cannot be read."""
+    try:
+        return int(json.loads((checkpoints / str(step) / "config" / "metadata").read_text())["train"]["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
