@@ -462,3 +462,23 @@ def test_a_full_disk_while_logging_stops_the_run_naming_the_step_instead_of_hang
     monkeypatch.setattr(record_writer.RecordWriter, "write", fill_up)
     with pytest.raises(OSError, match=r"writing the metrics of step \d+ in .* failed \(No space left on device\)"):
         loop_lib.train_and_evaluate(config(), str(tmp_path / "logging"))
+
+
+def test_orbax_errors_from_a_failed_background_save_are_logged_on_one_line_each(tmp_path, caplog):
+    """A full disk during orbax's async save is logged by each of its threads with a traceback (hundreds of lines
+    before the run's own error line); once a Checkpointer exists, each is one line keeping its message."""
+    import logging
+    import sys
+    Checkpointer(str(tmp_path / "checkpoints"), keep=1).close()
+    try:
+        raise ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device")
+    except ValueError:
+        exc_info = sys.exc_info()
+    absl = logging.getLogger("absl")
+    record = absl.makeRecord("absl", logging.ERROR, "/site-packages/orbax/checkpoint/_src/futures/future.py", 1,
+                             "[thread=array_type_handler] run() raised an exception:\n%s", (exc_info[1],), exc_info)
+    with caplog.at_level("ERROR", logger="absl"):
+        absl.handle(record)
+    assert caplog.text.strip().splitlines() == [
+        "ERROR    absl:future.py:1 [thread=array_type_handler] run() raised an exception: RESOURCE_EXHAUSTED: Error "
+        "writing local file: No space left on device"]
