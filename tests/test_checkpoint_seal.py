@@ -2,6 +2,7 @@
 orbax's write barrier), process 0 the shared ones, and the merged seal covers every file the step keeps."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -9,9 +10,18 @@ import sys
 from etils import epath
 
 from layerscale_jax.checksums import file_digests
-from layerscale_jax.train.checkpoint import REWRITTEN_AT_COMMIT, Checkpointer, writer_process
+from layerscale_jax.train.checkpoint import REWRITTEN_AT_COMMIT, Checkpointer
 
 from test_train import TINY, subprocess_env
+
+WRITER = re.compile(r"(?:^|/)(?:ocdbt\.)?process_(\d+)(?:/|$)")
+
+
+def writer_process(name: str) -> int:
+    """Who wrote a file of a step, by orbax's layout: ``*/ocdbt.process_<i>/...`` and ``*/array_metadatas/process_<i>``
+    are process i's, the rest process 0's (the merged index, the metadata)."""
+    match = WRITER.search(name)
+    return int(match.group(1)) if match else 0
 
 
 def test_each_process_hashes_the_files_it_wrote_and_the_seal_covers_the_whole_step(tmp_path):
@@ -30,9 +40,12 @@ def test_each_process_hashes_the_files_it_wrote_and_the_seal_covers_the_whole_st
     step_dir = epath.Path(workdir) / "checkpoints" / "2"
     meta = epath.Path(workdir) / "checkpoints" / "meta" / "2"
     on_disk = file_digests(step_dir)
+    for process in (0, 1):            # before orbax's write barrier, each process hashed exactly its own files
+        hashed = json.loads((meta / f"digests_process_{process}.json").read_text())
+        assert sorted(hashed) == sorted(name for name in on_disk if writer_process(name) == process
+                                        and "process_" in name)
+        assert hashed and all(on_disk[name] == digest for name, digest in hashed.items())
     by_process_1 = json.loads((meta / "digests_process_1.json").read_text())
-    assert by_process_1 and {writer_process(name) for name in by_process_1} == {1}
-    assert sorted(by_process_1) == sorted(name for name in on_disk if writer_process(name) == 1)
     seal = json.loads((meta / "checksums.json").read_text())
     assert seal == {name: digest for name, digest in on_disk.items() if name not in REWRITTEN_AT_COMMIT}
 

@@ -14,11 +14,11 @@ Layout of ``<workdir>/checkpoints`` (any orbax / ``etils.epath`` path, ``gs://``
   collides with them.
 
 Sealing is part of finishing a step: once a process has written its files, it hashes them (on several threads) and
-writes ``meta/<step>/digests_process_<i>.json``, before orbax's write barrier; process 0, after the barrier and
-orbax's merge, hashes its own and the shared files (and those of any process whose digests are missing), merges
-everything into ``checksums.json``, and only then does orbax commit the step (atomic rename, or its commit file on
-``gs://``). A committed step without a seal therefore means a job that stopped in the middle of writing it (or a
-checkpoint of an older version of this code) and is not trusted.
+writes ``meta/<step>/digests_process_<i>.json``, before orbax's write barrier (with one process there is no barrier:
+process 0 hashes everything below); process 0, after the barrier and orbax's merge, hashes the shared files and any
+file no process has hashed, merges everything into ``checksums.json``, and only then does orbax commit the step
+(atomic rename, or its commit file on ``gs://``). A committed step without a seal therefore means a job that
+stopped in the middle of writing it (or a checkpoint of an older version of this code) and is not trusted.
 
 Restore walks from the newest step back; every process checks its share of the recorded files (threads again) and
 every process follows the combined decision: a step whose files do not match its seal (truncated, overwritten, bits
@@ -129,16 +129,6 @@ def gather_from_all(value) -> list:
 # (its commit time). They hold no train state.
 REWRITTEN_AT_COMMIT = ("_CHECKPOINT_METADATA", "commit_success.txt")
 _TEMPORARY = re.compile(r"\.orbax-checkpoint-tmp[^/]*(?=/|$)")  # an item's directory before orbax finalises the step
-_WRITER = re.compile(r"(?:^|/)(?:ocdbt\.)?process_(\d+)(?:/|$)")
-
-
-def writer_process(name: str) -> int:
-    """The process that wrote a checkpoint file (path relative to the step): ``state/ocdbt.process_<i>/...`` and
-    ``state/array_metadatas/process_<i>`` are process ``i``'s, everything else process 0's."""
-    match = _WRITER.search(name)
-    return int(match.group(1)) if match else 0
-
-
 def check_free_space(directory: epath.Path, state) -> None:
     """Before an async save starts: ``OSError(ENOSPC)`` on every process when the disk of a local ``directory``
     has less space free than the bytes some process's share of ``state`` takes (orbax's zstd barely shrinks
@@ -157,6 +147,20 @@ def check_free_space(directory: epath.Path, state) -> None:
 
 def _mb(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
+
+
+def _own_files(root: epath.Path, process: int) -> list[str]:
+    """The files process ``process`` wrote under a step being written: ``<item>/ocdbt.process_<i>/...`` and
+    ``<item>/array_metadatas/process_<i>`` (process 0 also writes everything else: the merged index, the metadata).
+    Only its own directories are listed (on a bucket, a host lists its own objects, not every host's)."""
+    names = []
+    for item in (child for child in root.iterdir() if child.is_dir()):
+        data, metadata = item / f"ocdbt.process_{process}", item / "array_metadatas" / f"process_{process}"
+        if data.exists():
+            names += [f"{item.name}/{data.name}/{name}" for name in list_files(data)]
+        if metadata.exists():
+            names.append(f"{item.name}/array_metadatas/{metadata.name}")
+    return names
 
 
 def _all_processes_ok(ok: bool) -> bool:
@@ -215,12 +219,12 @@ class Checkpointer:
 
     def _digest_then_barrier(self, key: str, timeout_ms: int) -> None:
         """Orbax's barrier between processes, preceded at its write barrier (this process's files are written) by
-        the digests of this process's own files. Should this fail, process 0 hashes those files instead."""
+        the digests of this process's own files, all processes at once. Should it fail, process 0 hashes them."""
         step = self._in_flight
-        if "async_write_complete" in key and step is not None and jax.process_index() != 0:
+        if "async_write_complete" in key and step is not None:
             try:
                 root = self._writing_dir(step)
-                mine = [name for name in list_files(root) if writer_process(name) == jax.process_index()]
+                mine = _own_files(root, jax.process_index())
                 digests = {_TEMPORARY.sub("", name): digest for name, digest in file_digests(root, mine).items()}
                 self._write_json(self._meta(step) / f"digests_process_{jax.process_index()}.json", digests)
             except Exception as err:                  # noqa: BLE001 (the save itself goes on; process 0 covers)
