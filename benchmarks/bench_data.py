@@ -5,8 +5,10 @@
 Cases:
   digits        the offline default (8x8x1, cached in memory, 1 px random translation), batch 256.
   synthetic     raw uint8 32x32x3 random images generated per record, no augmentation, batch 256.
-  jpeg224       synthetic JPEGs of 375x500 (ImageNet-like size, quality 90) decoded per image, then the full DeiT III
-                train augmentation at 224 px: random-resized crop, flip, 3-Augment, colour jitter 0.3; batch 64.
+  jpeg224_base  synthetic JPEGs of 375x500 (ImageNet-like size, quality 90), each decoded as far as its crop needs,
+                random-resized crop to 224 px and flip; batch 64 (big_vision's base path; against a tf.data
+                pipeline on the same bytes: benchmarks/bench_input_peer.py).
+  jpeg224       the same + 3-Augment and colour jitter 0.3: the full DeiT III train augmentation.
 Each case runs with every `--workers` count (grain worker processes; 0 = in the calling process with `prefetch`
 background threads). Wall-clock images/s depend on what else runs on the machine; with 0 workers, images per
 CPU-second of the process is a load-independent estimate of one free core. The throughput of the train step itself
@@ -36,7 +38,10 @@ def cases(data_dir):
     jpeg.augment.hflip = True
     jpeg.augment.three_augment = True
     jpeg.augment.color_jitter = 0.3
-    return [("digits", digits, 256, 100), ("synthetic", synthetic, 256, 40), ("jpeg224", jpeg, 64, 6)]
+    base = jpeg.copy_and_resolve_references()
+    base.augment.three_augment, base.augment.color_jitter = False, 0.0
+    return [("digits", digits, 256, 100), ("synthetic", synthetic, 256, 40), ("jpeg224_base", base, 64, 6),
+            ("jpeg224", jpeg, 64, 6)]
 
 
 def main(argv=None):
@@ -44,7 +49,7 @@ def main(argv=None):
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="grain worker counts to try")
     parser.add_argument("--data_dir", default=None, help="TFDS data dir for digits (default: TFDS's)")
-    parser.add_argument("--cases", nargs="+", default=None, help="subset of: digits synthetic jpeg224")
+    parser.add_argument("--cases", nargs="+", default=None, help="subset of: digits synthetic jpeg224_base jpeg224")
     args = parser.parse_args(argv)
     results = []
     for name, cfg, batch, num_batches in cases(args.data_dir):

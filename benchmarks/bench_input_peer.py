@@ -17,6 +17,7 @@ all alike):
                    of W threads, `batch`, `prefetch(2)`.
   tfdata_bicubic   the same with our resize filter (bicubic, antialiased), so the two sides do equal work.
 
+Every process runs with the malloc settings of the train entry point (`layerscale_jax.runtime`: huge pages).
 W workers: grain worker processes for ours (`data.num_workers`, prefetch 2), threads for tf.data. CPU-seconds are
 those of the whole process tree (the main process with all its threads, grain's worker processes) over the timed
 batches, read from /proc, so images per CPU-second counts every core the pipeline used. `--baseline DIR` adds
@@ -137,12 +138,16 @@ def child(args):
 
 
 def run_child(contender, workers, args):
+    from layerscale_jax.runtime import huge_page_environment, huge_page_malloc_supported
+
     package_root = args.baseline if contender.endswith("@baseline") else REPO
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
            "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
     cmd = [sys.executable, os.path.abspath(__file__), "--child", contender, "--workers", str(workers),
            "--batch", str(args.batch), "--batches", str(args.batches), "--warmup", str(args.warmup),
            "--num-records", str(args.num_records), "--jpeg-shape", *map(str, args.jpeg_shape)]
+    if huge_page_malloc_supported():  # as the train entry point runs
+        env = huge_page_environment(env) or env
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
