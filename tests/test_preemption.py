@@ -15,6 +15,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 from layerscale_jax.train import loop as loop_lib
 
@@ -123,20 +124,21 @@ def test_sigterm_before_the_distributed_connect_stops_both_processes_at_one_poin
         assert saved == [2, stopped_steps(texts[0])[0]], texts
 
 
-def _interrupt_during_compile(workdir, times):
+def _signal_during_compile(workdir, *signals):
     env = dict(subprocess_env(), JAX_LOG_COMPILES="1")
     out = Output(subprocess.Popen(cli(workdir, "--config.train.steps=10000"), env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True))
     out.wait_for_train_step_compile()
-    for _ in range(times):
-        out.proc.send_signal(signal.SIGINT)
+    for signum in signals:
+        out.proc.send_signal(signum)
         time.sleep(0.05)
     return out.finish(), out.proc.returncode
 
 
-def test_ctrl_c_during_compile_stops_at_a_step_with_a_checkpoint_in_one_line(tmp_path):
-    workdir = str(tmp_path / "ctrl_c")
-    text, status = _interrupt_during_compile(workdir, times=1)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_a_stop_signal_during_compile_stops_at_a_step_with_a_checkpoint_in_one_line(tmp_path, signum):
+    workdir = str(tmp_path / "stopped")
+    text, status = _signal_during_compile(workdir, signum)
     assert status == 0, text
     assert "Traceback" not in text
     assert re.fullmatch(rf"stopped at step \d+; checkpoint saved in {workdir}/checkpoints", text.splitlines()[-1])
@@ -145,7 +147,7 @@ def test_ctrl_c_during_compile_stops_at_a_step_with_a_checkpoint_in_one_line(tmp
 
 def test_second_ctrl_c_stops_at_once_in_one_line_and_releases_the_workdir(tmp_path):
     workdir = str(tmp_path / "ctrl_c_twice")
-    text, status = _interrupt_during_compile(workdir, times=2)
+    text, status = _signal_during_compile(workdir, signal.SIGINT, signal.SIGINT)
     assert status == 130, text
     assert "Traceback" not in text
     assert text.splitlines()[-1].startswith("interrupted by a second Ctrl-C: stopped at once, without saving")
