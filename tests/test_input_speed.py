@@ -65,7 +65,17 @@ def test_dct_scale_is_the_largest_power_of_two_that_keeps_the_crop_at_least_the_
         1, 2, 4, 8]
 
 
-def test_dct_scaled_crops_stay_within_the_stated_bound():
+def test_dct_scaled_crops_are_decoded_scaled_and_stay_within_the_stated_bound(monkeypatch):
+    from PIL import JpegImagePlugin
+
+    decoded_at, draft = [], JpegImagePlugin.JpegImageFile.draft
+
+    def recording(self, mode, size):
+        result = draft(self, mode, size)
+        decoded_at.append(self.size)
+        return result
+
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", recording)
     size, scaled = 24, {2: 0, 4: 0}
     for i, raw in enumerate(jpeg_pool((120, 160)) * 40):
         _, _, ch, cw = transforms.random_resized_crop_box(120, 160, SCALE, np.random.default_rng([3, i]))
@@ -77,7 +87,8 @@ def test_dct_scaled_crops_stay_within_the_stated_bound():
         ref = reference_crop(raw, size, np.random.default_rng([3, i])).astype(np.float64)
         diff = np.abs(ours - ref)
         assert diff.mean() <= 2.5 and np.percentile(diff, 99) <= 8 and abs(ours.mean() - ref.mean()) <= 0.25
-    assert min(scaled.values()) >= 20  # both scales were exercised
+        assert decoded_at[-1] == (-(-160 // s), -(-120 // s))  # the decoder produced the 1/s-scale image
+    assert min(scaled.values()) >= 20 and len(decoded_at) == sum(scaled.values())  # both scales exercised
 
 
 def test_color_jitter_is_bit_identical_to_imageenhance_in_every_order_and_mode():
