@@ -56,7 +56,12 @@ def corruption(directory, checksums_file, share: tuple[int, int] = (0, 1)) -> st
     """
     if not checksums_file.exists():
         return f"never sealed: {checksums_file} is missing, the job stopped while writing it"
-    expected = json.loads(checksums_file.read_text())
+    try:
+        expected = json.loads(checksums_file.read_text())
+        if not isinstance(expected, dict):
+            raise ValueError("not an object")
+    except ValueError as err:
+        return f"its seal {checksums_file} cannot be read ({err})"
     index, count = share
     names = sorted(expected)[index::count]
     present = set(list_files(directory))

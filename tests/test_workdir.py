@@ -482,3 +482,15 @@ def test_orbax_errors_from_a_failed_background_save_are_logged_on_one_line_each(
     assert caplog.text.strip().splitlines() == [
         "ERROR    absl:future.py:1 [thread=array_type_handler] run() raised an exception: RESOURCE_EXHAUSTED: Error "
         "writing local file: No space left on device"]
+
+
+@pytest.mark.parametrize("side_file", ["checksums.json", "data_process_0.json"])
+def test_a_damaged_seal_or_data_state_of_the_newest_step_is_quarantined_not_a_traceback(finished, tmp_path,
+                                                                                       side_file, caplog):
+    workdir = copy_run(finished, tmp_path, f"damaged_{side_file}")
+    os.remove(os.path.join(workdir, "results.json"))
+    with open(os.path.join(workdir, "checkpoints", "meta", str(STEPS), side_file), "wb") as f:
+        f.write(np.random.default_rng(0).bytes(64))
+    with caplog.at_level("WARNING"):
+        results = loop_lib.train_and_evaluate(config(), workdir)
+    assert f"checkpoint at step {STEPS} is corrupt" in caplog.text and results["resumed_from_step"] == 4

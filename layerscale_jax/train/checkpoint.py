@@ -240,9 +240,10 @@ class Checkpointer:
         root, meta = self._writing_dir(step), self._meta(step)
         names = [name for name in list_files(root) if name not in REWRITTEN_AT_COMMIT]
         others = sorted(meta.glob("digests_process_*.json")) if meta.exists() else []
-        digests = {}
+        hashed = {}
         for path in others:
-            digests.update(json.loads(path.read_text()))
+            hashed.update(json.loads(path.read_text()))
+        digests = {name: hashed[name] for name in names if name in hashed}   # not a stale attempt's other files
         digests.update(file_digests(root, [name for name in names if name not in digests]))
         self._write_json(meta / "checksums.json", dict(sorted(digests.items())))
 
@@ -360,7 +361,10 @@ class Checkpointer:
         files = sorted(meta.glob("data_process_*.json")) if meta.exists() else []
         if not files:
             return None, f"missing data-iterator state in {meta}"
-        states = {int(f.stem.rsplit("_", 1)[1]): json.loads(f.read_text()) for f in files}
+        try:
+            states = {int(f.stem.rsplit("_", 1)[1]): json.loads(f.read_text()) for f in files}
+        except ValueError as err:
+            return None, f"unreadable data-iterator state in {meta} ({err})"
         saved_processes = len(states)   # every process writes its state before the (collective) orbax save
         if sorted(states) != list(range(saved_processes)):
             return None, f"data-iterator states of processes {sorted(states)} in {meta}"
