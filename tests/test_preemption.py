@@ -22,6 +22,8 @@ from layerscale_jax.train import loop as loop_lib
 from test_multihost import config, flags, launch, losses
 from test_train import cli, read_metrics, subprocess_env, tiny_config
 
+# The CLI's huge-page re-exec (layerscale_jax/runtime.py) imports the package twice; only the start-up test keeps it.
+NO_REEXEC = {"LAYERSCALE_JAX_HUGEPAGES": "0"}
 STATE_INIT = "init_fn"                   # loop.create_trainer's state initialiser, compiled before the train step
 ONE_PROCESS = {"data": 4, "fsdp": 1, "tensor": 1}
 
@@ -59,7 +61,8 @@ def stopped_steps(text: str) -> list[int]:
 
 
 def test_sigterm_to_one_process_during_compile_stops_both_at_one_step_and_the_rerun_resumes(tmp_path, monkeypatch):
-    monkeypatch.setenv("JAX_LOG_COMPILES", "1")
+    for name, value in {"JAX_LOG_COMPILES": "1", **NO_REEXEC}.items():
+        monkeypatch.setenv(name, value)
     workdir = str(tmp_path / "sigterm")
     train = {"steps": 10_000, "checkpoint_every": 0}
     outputs = [Output(p) for p in launch(workdir, *flags({"data": 4}, **train))]
@@ -125,7 +128,7 @@ def test_sigterm_before_the_distributed_connect_stops_both_processes_at_one_poin
 
 
 def _signal_during_compile(workdir, *signals):
-    env = dict(subprocess_env(), JAX_LOG_COMPILES="1")
+    env = dict(subprocess_env(), JAX_LOG_COMPILES="1", **NO_REEXEC)
     out = Output(subprocess.Popen(cli(workdir, "--config.train.steps=10000"), env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True))
     out.wait_for_train_step_compile()
