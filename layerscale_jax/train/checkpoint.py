@@ -138,7 +138,10 @@ def check_free_space(directory: epath.Path, state) -> None:
         return
     need = sum(shard.data.nbytes for leaf in jax.tree.leaves(state) for shard in leaf.addressable_shards
                if shard.replica_id == 0)
-    stat = os.statvfs(directory)
+    existing = str(directory)
+    while not os.path.exists(existing):             # a process whose copy of the directory orbax creates later
+        existing = os.path.dirname(existing)
+    stat = os.statvfs(existing)
     free = stat.f_bavail * stat.f_frsize
     if not _all_processes_ok(free >= need):
         raise OSError(errno.ENOSPC, f"no space left on device: {_mb(free)} free in {directory}, the state takes "
