@@ -44,10 +44,12 @@ import importlib.util
 import json
 import math
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import classifier_run  # noqa: E402  (one run: training, evaluations, diagnostics, divergence)
+import depth_ablation_plots as plots  # noqa: E402  (the study's figures and its palette)
 import sweep  # noqa: E402  (records, resume, shards, ETA, statistics, tables, plots)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -103,19 +105,55 @@ RECIPE = dict(learning_rate=1e-2, warmup_fraction=0.1, drop_path_rate=0.05)
 LR_SWEEP_DEPTH = 24
 LR_SWEEP_RATES = (1e-3, 2e-3, 5e-3, 1e-2, 2e-2)
 
+# ---------------------------------------------------------------------------------------------------------------
+# The protocol (issue: a depth ablation a reviewer would accept). Every choice is made on the validation split
+# (285 stratified training images held out; the models train on the other 1,157); only final runs see the test
+# split, trained on all 1,442 training images.
+#   1. budget: the two best schemes at depths 24 and 96 for BUDGET_STEPS, validation every BUDGET_EVAL_EVERY steps;
+#      the step count is the first at which the criterion (``converged_step``) holds from there on in every cell.
+#   2. rates: every column at every depth over RATE_LADDER_START, extended along the 1-2-5 ladder until the best
+#      rate is strictly inside the swept range (at most MAX_EXTENSIONS more rates per cell).
+#   3. final: every column at every depth, FINAL_SEEDS seeds, (a) each at its best rate per depth and (b) each at
+#      its one best rate for all depths.
+# ---------------------------------------------------------------------------------------------------------------
+SELECTION_SPLITS = ("train_without_validation", "validation")
+FINAL_SPLITS = ("train", "test")
+PROTOCOL_SPLITS = {"early": FINAL_SPLITS, "budget": SELECTION_SPLITS, "rates": SELECTION_SPLITS,
+                   "final": FINAL_SPLITS}
+PROTOCOL_SIZING = Sizing(embed_dim=32, num_heads=2, batch_size=64, steps=0, evals=5, log_every=10)
+# Columns: (scheme, warm-up). ReZero and SkipInit also without warm-up: CaiT's variant (b) (Table 1).
+COLUMNS = tuple((s, True) for s in DEFAULT_SCHEMES) + (("rezero", False), ("skipinit", False))
+BUDGET_COLUMNS = (("layerscale", True), ("skipinit", True))
+BUDGET_DEPTHS = (24, 96)
+BUDGET_STEPS = 3000
+BUDGET_EVAL_EVERY = 100
+BUDGET_RATE = 1e-2
+BUDGET_SEEDS = (0,)
+CONVERGENCE_POINTS = 0.5         # validation accuracy changes by less than this over the last quarter
+RATE_DEPTHS = DEPTHS
+RATE_LADDER_START = (1e-3, 2e-3, 5e-3, 1e-2, 2e-2)
+MAX_EXTENSIONS = 3
+FINAL_SEEDS = (0, 1, 2, 3, 4)
+CONVERGED_OUT = os.path.join(ROOT, "experiments", "results", "depth_ablation_converged")
+
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
+    """One run. ``protocol`` fixes the splits (``PROTOCOL_SPLITS``): ``early`` is the committed 200-step grid,
+    ``budget`` and ``rates`` select on validation, ``final`` reports test; ``steps`` 0 means the sizing's."""
     depth: int
     scheme: str
     warmup: bool
     seed: int
     learning_rate: float
+    protocol: str = "early"
+    steps: int = 0
 
     @property
     def run_id(self) -> str:
-        return (f"depth{self.depth}_{self.scheme}_warmup{'on' if self.warmup else 'off'}_lr{self.learning_rate:g}"
+        base = (f"depth{self.depth}_{self.scheme}_warmup{'on' if self.warmup else 'off'}_lr{self.learning_rate:g}"
                 f"_seed{self.seed}")
+        return base if self.protocol == "early" else f"{self.protocol}_{base}_steps{self.steps}"
 
 
 def grid(depths, schemes, seeds, learning_rate, warmup_off_depths) -> list[RunSpec]:
@@ -123,7 +161,7 @@ def grid(depths, schemes, seeds, learning_rate, warmup_off_depths) -> list[RunSp
     ``warmup_off_depths``. Seed by seed, and within a seed the cheapest runs first, so a partial sweep (one that a
     session's time limit cut short) already covers every depth × scheme cell with the first seeds.
 
-    ``learning_rate`` is one rate shared by every scheme, or ``{scheme: rate}`` (``best_learning_rates``)."""
+    ``learning_rate`` is one rate shared by every scheme, or ``{scheme: rate}`` (``early_rates_chosen_on_test``)."""
     rate = learning_rate.__getitem__ if isinstance(learning_rate, dict) else (lambda scheme: learning_rate)
     runs = [RunSpec(d, s, True, k, rate(s)) for d in depths for k in seeds for s in schemes]
     runs += [RunSpec(d, s, False, k, rate(s)) for d in warmup_off_depths for k in seeds for s in schemes
@@ -131,9 +169,10 @@ def grid(depths, schemes, seeds, learning_rate, warmup_off_depths) -> list[RunSp
     return sorted(runs, key=lambda r: (r.seed, r.depth, not r.warmup))
 
 
-def best_learning_rates(lr_sweep_dir: str, schemes) -> dict[str, float]:
-    """Each scheme's rate from a finished ``--lr_sweep``: the highest final test accuracy among the runs that did
-    not diverge (ties: the lower rate)."""
+def early_rates_chosen_on_test(lr_sweep_dir: str, schemes) -> dict[str, float]:
+    """The early grid's per-scheme rates, as they were chosen (kept to reproduce the committed early tables): the
+    highest final *test* accuracy of seed 0 at depth 24 among the runs that did not diverge (ties: the lower
+    rate). The protocol chooses on validation instead: ``best_learning_rates``."""
     records = load_records(lr_sweep_dir)
     best = {}
     for scheme in schemes:
@@ -165,11 +204,14 @@ def make_config(spec: RunSpec, sizing: Sizing, dataset: str = "digits", data_dir
     from layerscale_jax.train.config import model_section
 
     scheme = SCHEMES_BY_NAME[spec.scheme]
+    steps = spec.steps or sizing.steps
     config = load_digits_config(f"seed={spec.seed}")
     if dataset != "digits":
         config.data = default_data_config(dataset)
         if data_dir:
             config.data.data_dir = data_dir
+    if dataset == "digits":                      # other datasets: their own train and test (or validation) splits
+        config.data.train_split, config.data.eval_split = PROTOCOL_SPLITS[spec.protocol]
     from layerscale_jax.data import get_dataset_info
     info = get_dataset_info(config.data)
     patch = 2 if info.image_size <= 8 else max(info.image_size // 8, 1)
@@ -179,12 +221,12 @@ def make_config(spec: RunSpec, sizing: Sizing, dataset: str = "digits", data_dir
         branch_scaling=scheme.branch_scaling, init_values=scheme.init_values,
         drop_path_rate=RECIPE["drop_path_rate"], global_pool="avg", scan_layers=True)
     config.optim.learning_rate = spec.learning_rate
-    config.optim.warmup_steps = int(round(RECIPE["warmup_fraction"] * sizing.steps)) if spec.warmup else 0
-    config.train.steps = sizing.steps
+    config.optim.warmup_steps = int(round(RECIPE["warmup_fraction"] * steps)) if spec.warmup else 0
+    config.train.steps = steps
     config.train.batch_size = sizing.batch_size
     config.train.seed = spec.seed
     config.train.log_every = sizing.log_every
-    config.train.eval_every = max(sizing.steps // sizing.evals, 1)
+    config.train.eval_every = max(steps // sizing.evals, 1)
     config.train.checkpoint_every = 0
     config.train.nonfinite = "skip"            # a non-finite step is an outcome (diverged), never an exception
     return config
@@ -203,7 +245,7 @@ def train_run(spec: RunSpec, sizing: Sizing, dataset: str = "digits", data_dir: 
         config[section][field] = value
     result = classifier_run.train_classifier(config)
     return {
-        "run_id": spec.run_id, "depth": spec.depth, "scheme": spec.scheme,
+        "run_id": spec.run_id, "protocol": spec.protocol, "depth": spec.depth, "scheme": spec.scheme,
         "branch_scaling": SCHEMES_BY_NAME[spec.scheme].branch_scaling,
         "epsilon": _epsilon(spec), "warmup": spec.warmup, "warmup_steps": config.optim.warmup_steps,
         "seed": spec.seed, "learning_rate": config.optim.learning_rate, "dataset": config.data.name,
@@ -237,8 +279,227 @@ def run_sweep(specs: list[RunSpec], sizing: Sizing, out: str, dataset: str = "di
     ``--measure``)."""
     sweep.enable_compilation_cache()
     return sweep.run(specs, lambda spec: train_run(spec, sizing, dataset, data_dir, overrides), out,
-                     cost=lambda spec: spec.depth, outcome=lambda r: f"test acc {r['final_test_accuracy']:.4f}",
-                     log=log)
+                     cost=lambda spec: spec.depth, log=log,
+                     outcome=lambda r: f"{r.get('eval_split', 'test')} acc {accuracy(r):.4f}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The protocol: budget → rates → final
+# ---------------------------------------------------------------------------------------------------------------
+def accuracy(record: dict) -> float:
+    """The run's final accuracy on the split it evaluated (``final_test_accuracy`` or ``final_val_accuracy``)."""
+    return record["final_test_accuracy" if record.get("eval_split", "test") == "test" else "final_val_accuracy"]
+
+
+def require_validation(records: list[dict], what: str) -> None:
+    """Selections are made on validation only: a record that evaluated another split is an error naming it."""
+    wrong = sorted({r["run_id"] for r in records if r.get("eval_split") != "validation"})
+    if wrong:
+        raise ValueError(f"{what} selects on the validation split only; these runs evaluated another split: "
+                         f"{wrong[:3]}{' …' if len(wrong) > 3 else ''}")
+
+
+def budget_specs(columns=BUDGET_COLUMNS, depths=BUDGET_DEPTHS, seeds=BUDGET_SEEDS, steps=BUDGET_STEPS,
+                 rate=BUDGET_RATE) -> list[RunSpec]:
+    return [RunSpec(d, s, w, k, rate, "budget", steps) for k in seeds for d in depths for s, w in columns]
+
+
+def budget_sizing(steps: int = BUDGET_STEPS, eval_every: int = BUDGET_EVAL_EVERY) -> Sizing:
+    if steps % eval_every:
+        raise ValueError(f"--budget_steps={steps} must be a multiple of --budget_eval_every={eval_every}")
+    return dataclasses.replace(PROTOCOL_SIZING, steps=steps, evals=steps // eval_every)
+
+
+def accuracy_at(curve: list[tuple[int, float]], step: float) -> float:
+    """The curve's value at ``step``, linear between evaluations (a curve starts at its first evaluation)."""
+    steps = [s for s, _ in curve]
+    if step <= steps[0]:
+        return curve[0][1]
+    for (s0, a0), (s1, a1) in zip(curve, curve[1:]):
+        if s0 <= step <= s1:
+            return a0 + (a1 - a0) * (step - s0) / (s1 - s0)
+    return curve[-1][1]
+
+
+def converged_step(curve: list[tuple[int, float]], tolerance: float = CONVERGENCE_POINTS) -> int | None:
+    """The budget criterion on one accuracy curve (%, ``[(step, accuracy)]``): the first evaluated step ``t`` such
+    that for ``t`` and every later evaluated step ``t'``, |acc(t') − acc(¾ t')| < ``tolerance`` (acc between
+    evaluations by linear interpolation), i.e. the accuracy changes by less than ``tolerance`` points over the last
+    quarter of a run of ``t'`` steps, from ``t`` on (a step whose ¾ precedes the first evaluation cannot qualify).
+    None: not converged within the curve."""
+    ok = [0.75 * s >= curve[0][0] and abs(a - accuracy_at(curve, 0.75 * s)) < tolerance for s, a in curve]
+    for i, (step, _) in enumerate(curve):
+        if all(ok[i:]):
+            return step
+    return None
+
+
+def budget_curves(records: list[dict]) -> dict[tuple[str, bool, int], list[tuple[int, float]]]:
+    """``{(scheme, warm-up, depth): [(step, validation accuracy %)]}``, the mean over the cell's seeds. A diverged
+    budget run is an error: its curve cannot say when training converges (choose a lower --budget_rate)."""
+    require_validation(records, "--protocol budget")
+    diverged = [r["run_id"] for r in records if r["diverged"]]
+    if diverged:
+        raise ValueError(f"budget runs diverged: {diverged}; choose a lower --budget_rate")
+    cells: dict = {}
+    for r in records:
+        curve = [(e["step"], 100 * e["val_accuracy"]) for e in r["evaluations"] if "val_accuracy" in e]
+        cells.setdefault((r["scheme"], r["warmup"], r["depth"]), []).append(dict(curve))
+    curves = {}
+    for cell, runs in cells.items():
+        steps = sorted(set.intersection(*(set(run) for run in runs)))
+        curves[cell] = [(s, sum(run[s] for run in runs) / len(runs)) for s in steps]
+    return curves
+
+
+def choose_budget(records: list[dict], tolerance: float = CONVERGENCE_POINTS) -> dict:
+    """The step count of the final runs: the largest of the cells' ``converged_step`` (every cell has converged
+    by then). ``{"steps": n, "cells": {cell label: its converged step}}``; a cell that has not converged within
+    its runs is a ValueError naming it (run longer: --budget_steps)."""
+    curves = budget_curves(records)
+    if not curves:
+        raise ValueError("--protocol budget: no finished budget runs")
+    cells = {f"{_label(s, w)}, depth {d}": converged_step(c, tolerance) for (s, w, d), c in sorted(curves.items())}
+    late = [cell for cell, step in cells.items() if step is None]
+    if late:
+        raise ValueError(f"validation accuracy still changes by ≥ {tolerance} points over the last quarter at the "
+                         f"end of the budget runs of {late}; run longer (--budget_steps)")
+    return {"steps": max(cells.values()), "cells": cells, "tolerance_points": tolerance}
+
+
+def ladder(rate: float, direction: int) -> float:
+    """The next rate up (+1) or down (−1) the 1-2-5 ladder (…, 5e-3, 1e-2, 2e-2, 5e-2, …)."""
+    exponent = math.floor(math.log10(rate) + 1e-9)
+    mantissa = round(rate / 10 ** exponent, 6)
+    rungs = (1.0, 2.0, 5.0)
+    i = min(range(3), key=lambda j: abs(rungs[j] - mantissa)) + direction
+    return float(f"{rungs[i % 3]}e{exponent + i // 3}")
+
+
+def best_rate(records: list[dict]) -> float | None:
+    """The rate of the highest final validation accuracy among runs that did not diverge (ties: the lower rate);
+    None when every run diverged."""
+    require_validation(records, "best_rate")
+    runs = [r for r in records if not r["diverged"]]
+    return max(runs, key=lambda r: (accuracy(r), -r["learning_rate"]))["learning_rate"] if runs else None
+
+
+def _cell_records(records, scheme, warmup, depth):
+    return [r for r in records if (r["scheme"], r["warmup"], r["depth"]) == (scheme, warmup, depth)]
+
+
+def swept_rates(cell_records: list[dict], start=RATE_LADDER_START, max_extensions=MAX_EXTENSIONS) -> list[float]:
+    """The rates a cell's sweep needs, given its finished runs: ``start``, then while every rate so far has a run
+    and the best one (``best_rate``) is the highest (lowest) swept, the next rate up (down) the ladder; when every
+    run diverged, the next one down. At most ``max_extensions`` rates beyond ``start``."""
+    rates = sorted(start)
+    done = {r["learning_rate"]: r for r in cell_records}
+    for _ in range(max_extensions):
+        if any(not any(math.isclose(rate, d) for d in done) for rate in rates):
+            break                                  # this round's runs are not all finished yet
+        best = best_rate([r for r in cell_records if any(math.isclose(r["learning_rate"], x) for x in rates)])
+        if best is None or math.isclose(best, rates[0]):
+            rates.insert(0, ladder(rates[0], -1))
+        elif math.isclose(best, rates[-1]):
+            rates.append(ladder(rates[-1], +1))
+        else:
+            break
+    return rates
+
+
+def rate_specs(records: list[dict], steps: int, columns=COLUMNS, depths=RATE_DEPTHS, seed: int = 0,
+               start=RATE_LADDER_START, max_extensions=MAX_EXTENSIONS) -> list[RunSpec]:
+    """Every run of the rate sweep the finished ``records`` call for (``swept_rates`` per column × depth):
+    deterministic in the records, so a resumed sweep or another shard with the same records plans the same runs."""
+    specs = [RunSpec(d, s, w, seed, lr, "rates", steps) for d in depths for s, w in columns
+             for lr in swept_rates(_cell_records(records, s, w, d), start, max_extensions)]
+    return sorted(specs, key=lambda r: (r.depth, r.learning_rate, r.scheme, not r.warmup))
+
+
+def run_rate_sweep(out: str, steps: int, columns=COLUMNS, depths=RATE_DEPTHS, which_shard=None,
+                   sizing: Sizing = PROTOCOL_SIZING, start=RATE_LADDER_START, max_extensions=MAX_EXTENSIONS,
+                   log=print, **run_kwargs) -> list[dict]:
+    """Train the rate sweep round by round (``rate_specs``) until no cell needs another rate. With a shard, a
+    round ends when this shard's share is done; the shards' records merged, the next command plans the next
+    round."""
+    sizing = dataclasses.replace(sizing, steps=steps)
+    while True:
+        specs = rate_specs(load_records(out), steps, columns, depths, start=start, max_extensions=max_extensions)
+        mine = sweep.shard(specs, which_shard)
+        if all(os.path.exists(record_path(out, s)) for s in mine):
+            return load_records(out)
+        run_sweep(mine, sizing, out, log=log, **run_kwargs)
+
+
+def best_learning_rates(records: list[dict], columns=COLUMNS, depths=RATE_DEPTHS, start=RATE_LADDER_START,
+                 max_extensions=MAX_EXTENSIONS) -> dict:
+    """The rates the final runs use, from a finished rate sweep (validation only):
+    ``per_depth[(scheme, warm-up, depth)]``: each cell's ``best_rate``; ``one_rate[(scheme, warm-up)]``: the rate
+    swept at every depth with the highest mean final validation accuracy over the depths, a diverged run counting
+    0 (ties: the lower rate); ``bracketed[...]``: whether the cell's best rate is strictly inside its swept range.
+    A cell whose sweep is unfinished, or whose runs all diverged, is a ValueError naming it."""
+    require_validation(records, "best_learning_rates")
+    per_depth, bracketed, one_rate = {}, {}, {}
+    for scheme, warmup in columns:
+        by_depth = {}
+        for depth in depths:
+            mine = _cell_records(records, scheme, warmup, depth)
+            wanted = swept_rates(mine, start, max_extensions)
+            have = [r for r in mine if any(math.isclose(r["learning_rate"], x) for x in wanted)]
+            if len(have) < len(wanted):
+                raise ValueError(f"rate sweep of {_label(scheme, warmup)} at depth {depth} is unfinished "
+                                 f"({len(have)}/{len(wanted)} runs); run --protocol rates again")
+            best = best_rate(have)
+            if best is None:
+                raise ValueError(f"every rate of {_label(scheme, warmup)} at depth {depth} diverged: {wanted}")
+            per_depth[(scheme, warmup, depth)] = best
+            bracketed[(scheme, warmup, depth)] = wanted[0] < best < wanted[-1]
+            by_depth[depth] = {r["learning_rate"]: (0.0 if r["diverged"] else accuracy(r)) for r in have}
+        common = set.intersection(*(set(v) for v in by_depth.values()))
+        one_rate[(scheme, warmup)] = max(sorted(common), key=lambda lr: (sum(v[lr] for v in by_depth.values()),
+                                                                         -lr))
+    return {"per_depth": per_depth, "one_rate": one_rate, "bracketed": bracketed}
+
+
+def final_specs(rates: dict, steps: int, depths=DEPTHS, seeds=FINAL_SEEDS, columns=COLUMNS) -> list[RunSpec]:
+    """Both final protocols' runs (each column at its best rate per depth, and at its one rate for all depths),
+    every seed; a run both protocols need is trained once. Seed by seed, cheapest first."""
+    specs = {}
+    for scheme, warmup in columns:
+        for depth in depths:
+            for lr in (rates["per_depth"][(scheme, warmup, depth)], rates["one_rate"][(scheme, warmup)]):
+                for seed in seeds:
+                    spec = RunSpec(depth, scheme, warmup, seed, lr, "final", steps)
+                    specs[spec.run_id] = spec
+    return sorted(specs.values(), key=lambda r: (r.seed, r.depth, r.scheme, not r.warmup, r.learning_rate))
+
+
+def final_records(records: list[dict], rates: dict, which: str) -> list[dict]:
+    """The final runs of protocol ``which``: ``per_depth`` (each column at its best rate per depth) or
+    ``one_rate`` (each at its one rate for all depths)."""
+    def wanted(r):
+        key = (r["scheme"], r["warmup"])
+        lr = rates["per_depth"].get(key + (r["depth"],)) if which == "per_depth" else rates["one_rate"].get(key)
+        return lr is not None and math.isclose(r["learning_rate"], lr)
+    return [r for r in records if r.get("protocol") == "final" and wanted(r)]
+
+
+def save_json(path: str, obj) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    sweep.write_json_atomically(path, obj)
+
+
+def rates_to_json(rates: dict) -> dict:
+    """``best_learning_rates`` with string keys (``"scheme|warmup|depth"``) for ``rates.json``."""
+    key = lambda k: "|".join(str(x) for x in k)  # noqa: E731
+    return {part: {key(k): v for k, v in table.items()} for part, table in rates.items()}
+
+
+def rates_from_json(obj: dict) -> dict:
+    def key(text):
+        parts = text.split("|")
+        return (parts[0], parts[1] == "True") + tuple(int(p) for p in parts[2:])
+    return {part: {key(k): v for k, v in table.items()} for part, table in obj.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -294,99 +555,198 @@ def write_lr_table(records: list[dict], path: str, command: str | None = None) -
     return table
 
 
-def plot_accuracy_vs_depth(records: list[dict], path: str) -> None:
-    sweep.plot_errorbars(
-        [sweep.Series(_label(scheme, warmup),
-                      {d: [100 * r["final_test_accuracy"] for r in records
-                           if r["depth"] == d and r["scheme"] == scheme and r["warmup"] == warmup]
-                       for d in sorted({r["depth"] for r in records})}, "-" if warmup else "--")
-         for scheme, warmup in _column_names(records)],
-        path, xlabel="depth (blocks)", ylabel="final test accuracy (%), mean ± std over seeds",
-        title="residual-branch scaling vs depth")
+CI_METHOD = ("mean [95% CI] of the final accuracy (%) over the runs that did not diverge; CI = mean ± "
+             "t(0.975, n−1)·s/√n (Student's t, s the sample standard deviation); diverged runs are counted "
+             "separately and never enter a mean; \"(1 run)\": no interval can be stated")
 
 
-def plot_loss_curves(records: list[dict], depth: int, path: str) -> None:
-    plt = sweep.pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    colours = {}
-    for r in sorted((r for r in records if r["depth"] == depth), key=lambda r: (r["scheme"], r["seed"])):
-        key = (r["scheme"], r["warmup"])
-        steps, losses = zip(*r["train_loss_curve"]) if r["train_loss_curve"] else ((), ())
-        line, = ax.plot(steps, losses, linestyle="-" if r["warmup"] else "--", linewidth=1,
-                        color=colours.get(key), label=None if key in colours else _label(*key))
-        colours.setdefault(key, line.get_color())
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("train loss (mean over each log interval)")
-    ax.set_title(f"train loss at depth {depth} (one line per seed)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def require_reportable(records: list[dict]) -> None:
+    """Test numbers are tabulated only from runs that were not used for any choice: ``final`` runs (or the
+    committed ``early`` grid, whose tables say that its rates were chosen on test accuracy). Anything else is a
+    ValueError naming a run."""
+    wrong = [r["run_id"] for r in records
+             if r.get("protocol", "early") not in ("final", "early") or r.get("eval_split", "test") != "test"]
+    if wrong:
+        raise ValueError(f"a table of test accuracy takes final-protocol runs only; not final: {wrong[:3]}")
 
 
-def _per_layer(evaluation: dict, depth: int, quantity: str):
-    """``[[attn, mlp] per layer]`` of ``diag/blocks.<l>.<branch>.<quantity>`` (None when absent)."""
+def ci_cell(records: list[dict]) -> str:
+    """``mean [low, high]`` (%) over the converged runs, then ``k/n diverged`` when k > 0."""
+    converged = [100 * accuracy(r) for r in records if not r["diverged"]]
+    diverged = sum(r["diverged"] for r in records)
+    if not records:
+        return "–"
+    text = ""
+    if converged:
+        s = sweep.summarise(converged)
+        text = f"{s.mean:.1f} [{s.ci_low:.1f}, {s.ci_high:.1f}]" if s.n > 1 else f"{s.mean:.1f} (1 run)"
+    if diverged:
+        text += ("; " if text else "") + f"{diverged}/{len(records)} diverged"
+    return text
+
+
+def write_ci_table(records: list[dict], path: str, title: str) -> str:
+    """Depth × column table of ``ci_cell`` (test accuracy; final runs only, ``require_reportable``), the method
+    stated under it."""
+    require_reportable(records)
+    columns = _column_names(records)
+    depths = sorted({r["depth"] for r in records})
+    table = sweep.markdown_table(["depth"] + [_label(*c) for c in columns], (
+        [depth] + [ci_cell([r for r in records if r["depth"] == depth and (r["scheme"], r["warmup"]) == c])
+                   for c in columns] for depth in depths))
+    with open(path, "w") as f:
+        f.write(f"{title}\n\n{table}\n{CI_METHOD}.\n")
+    return table
+
+
+def write_comparisons(records: list[dict], path: str, title: str, reference=("layerscale", True)) -> str:
+    """Per depth, ``reference`` against every other column: difference of mean test accuracy (points, over
+    converged runs), Welch's t, its degrees of freedom and two-sided p (``sweep.welch``), and the runs that
+    entered (converged/all). A comparison with fewer than 2 converged runs on a side has no test (``–``)."""
+    require_reportable(records)
     rows = []
-    for layer in range(depth):
-        rows.append([evaluation.get(f"diag/blocks.{layer}.{b}.{quantity}") for b in ("attn", "mlp")])
-    return rows
+    for depth in sorted({r["depth"] for r in records}):
+        ref = _cell_records(records, *reference, depth)
+        a = [100 * accuracy(r) for r in ref if not r["diverged"]]
+        for column in _column_names(records):
+            if column == tuple(reference):
+                continue
+            other = _cell_records(records, *column, depth)
+            if not other or not ref:
+                continue
+            b = [100 * accuracy(r) for r in other if not r["diverged"]]
+            counts = f"{len(a)}/{len(ref)} vs {len(b)}/{len(other)}"
+            if len(a) < 2 or len(b) < 2:
+                rows.append([depth, _label(*column), "–", "–", "–", "–", counts])
+                continue
+            w = sweep.welch(a, b)
+            rows.append([depth, _label(*column), f"{statistics.mean(a) - statistics.mean(b):+.1f}", f"{w.t:.2f}",
+                         f"{w.dof:.1f}", f"{w.p:.3g}", counts])
+    table = sweep.markdown_table(["depth", f"{_label(*reference)} vs", "difference of means (points)", "Welch t",
+                                  "df", "p (two-sided)", "converged/runs"], rows)
+    with open(path, "w") as f:
+        f.write(f"{title}\n\n{table}\nWelch's unequal-variance t-test on the final test accuracy of the converged "
+                f"runs (scipy.stats.ttest_ind, equal_var=False); no correction for the number of comparisons.\n")
+    return table
+
+
+def describe(records: list[dict], protocol: str, rates: str) -> str:
+    """A figure's or table's title: protocol, rate(s), steps and the splits (``train → evaluated``)."""
+    steps = sorted({r["steps"] for r in records if not r["diverged"]} or {r["steps"] for r in records})
+    r0 = records[0]
+    splits = f"{r0.get('train_split', 'train')} → {r0.get('eval_split', 'test')}"
+    return (f"{protocol}: {r0['dataset']} {splits}, {'/'.join(str(s) for s in steps)} steps, {rates}, "
+            f"width {r0['embed_dim']}")
+
+
+def write_figures(records: list[dict], report_dir: str, title: str) -> dict[str, str]:
+    """The accuracy-vs-depth figure and, at the largest depth, loss curves, scale heat map and branch ratios."""
+    prefix = "test" if records[0].get("eval_split", "test") == "test" else "validation"
+    paths = {"acc_vs_depth": os.path.join(report_dir, "acc_vs_depth.png")}
+    plots.plot_accuracy_vs_depth(records, _column_names(records), lambda r: 100 * accuracy(r), paths["acc_vs_depth"],
+                                 title=title, ylabel=f"final {prefix} accuracy (%): seeds, mean, 95% CI")
+    deepest = max(r["depth"] for r in records)
+    first = _first_seed(records, deepest)
+    paths["loss_curves"] = os.path.join(report_dir, f"loss_curves_depth{deepest}.png")
+    plots.plot_loss_curves(records, deepest, paths["loss_curves"], title=f"train loss, depth {deepest}; {title}")
+    paths["scale_heatmap"] = os.path.join(report_dir, f"scale_heatmap_depth{deepest}.png")
+    plots.plot_scale_heatmap(first, deepest, paths["scale_heatmap"],
+                             title=f"branch scale per block, depth {deepest}, lowest seed; {title}")
+    paths["ratio_init_end"] = os.path.join(report_dir, f"ratio_init_end_depth{deepest}.png")
+    plots.plot_ratio_init_end(first, deepest, paths["ratio_init_end"],
+                              title=f"branch-to-stream ratio at init and end, depth {deepest}, lowest seed; {title}")
+    return paths
 
 
 def _first_seed(records: list[dict], depth: int) -> list[dict]:
+    """The lowest seed's run of each column at ``depth``, in column order."""
     chosen = {}
     for r in sorted(records, key=lambda r: r["seed"]):
-        if r["depth"] == depth and r["warmup"]:
-            chosen.setdefault(r["scheme"], r)
-    order = [s.name for s in SCHEMES]
-    return [chosen[s] for s in sorted(chosen, key=order.index)]
+        if r["depth"] == depth:
+            chosen.setdefault((r["scheme"], r["warmup"]), r)
+    return [chosen[c] for c in _column_names(records) if c in chosen]
 
 
-def plot_scale_heatmap(records: list[dict], depth: int, path: str) -> None:
-    """mean |λ| (|α|) per layer × branch (rows: layer l attn, layer l mlp) over the evaluations, one panel per
-    scheme that has a scale (lowest seed)."""
-    import numpy as np
-    plt = sweep.pyplot()
-    runs = [r for r in _first_seed(records, depth) if r["branch_scaling"] != "none"]
-    fig, axes = plt.subplots(1, max(len(runs), 1), figsize=(3.2 * max(len(runs), 1), 4), squeeze=False)
-    for ax, r in zip(axes[0], runs):
-        steps = [e["step"] for e in r["evaluations"]]
-        grid_ = np.array([[v if v is not None else np.nan for row in _per_layer(e, depth, "scale") for v in row]
-                          for e in r["evaluations"]]).T                        # (2·depth, evaluations)
-        image = ax.imshow(np.log10(np.maximum(grid_, 1e-8)), aspect="auto", origin="lower", cmap="viridis",
-                          extent=(-0.5, len(steps) - 0.5, -0.5, 2 * depth - 0.5))
-        ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=6)
-        ax.set_title(r["scheme"], fontsize=8)
-        ax.set_xlabel("step")
-        ax.set_ylabel("layer × branch (2l: attn, 2l+1: mlp)", fontsize=7)
-        fig.colorbar(image, ax=ax, label="log10 mean |scale|")
-    fig.suptitle(f"branch scale per layer over training, depth {depth}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def write_budget_report(out: str, tolerance: float = CONVERGENCE_POINTS) -> dict[str, str]:
+    """``budget.json`` (the chosen step count and each cell's converged step), ``budget.md`` and
+    ``budget_curves.png`` from the budget runs in ``out``."""
+    records = load_records(out)
+    choice = choose_budget(records, tolerance)
+    save_json(os.path.join(out, "budget.json"), choice)
+    rows = [[cell, step] for cell, step in choice["cells"].items()]
+    rate = ", ".join(sorted({f"{r['learning_rate']:g}" for r in records}))
+    with open(os.path.join(out, "budget.md"), "w") as f:
+        f.write(f"Budget ({describe(records, 'budget', f'rate {rate}')}): the first evaluated step from which "
+                f"validation accuracy (mean over seeds) changes by < {tolerance} points over the last quarter "
+                f"(|acc(t) − acc(0.75 t)|, linear between evaluations), in every cell below.\n\n"
+                + sweep.markdown_table(["cell", "converged from step"], rows)
+                + f"\nChosen budget: **{choice['steps']} steps** (the largest).\n")
+    plots.plot_budget_curves(budget_curves(records), choice["steps"], os.path.join(out, "budget_curves.png"),
+                             title=describe(records, "budget", f"rate {rate}") + f"; chosen {choice['steps']} steps")
+    return {"budget": os.path.join(out, "budget.json"), "budget_md": os.path.join(out, "budget.md"),
+            "budget_curves": os.path.join(out, "budget_curves.png")}
 
 
-def plot_ratio_init_end(records: list[dict], depth: int, path: str) -> None:
-    """‖scaled branch‖ / ‖stream‖ per layer at step 0 and at the last evaluation, each branch, one panel per scheme."""
-    plt = sweep.pyplot()
-    runs = _first_seed(records, depth)
-    fig, axes = plt.subplots(1, max(len(runs), 1), figsize=(3.2 * max(len(runs), 1), 3.6), squeeze=False,
-                             sharey=True)
-    for ax, r in zip(axes[0], runs):
-        for evaluation, style in ((r["evaluations"][0], ":"), (r["evaluations"][-1], "-")):
-            rows = _per_layer(evaluation, depth, "ratio")
-            for b, branch in enumerate(("attn", "mlp")):
-                values = [max(row[b], 1e-12) if row[b] is not None else float("nan") for row in rows]
-                ax.plot(range(depth), values, linestyle=style, label=f"{branch}, step {evaluation['step']}")
-        ax.set_yscale("log")
-        ax.set_title(r["scheme"] + (" (diverged)" if r["diverged"] else ""), fontsize=8)
-        ax.set_xlabel("layer")
-    axes[0][0].set_ylabel("‖scaled branch‖ / ‖stream‖")
-    axes[0][-1].legend(fontsize=6)
-    fig.suptitle(f"branch-to-stream ratio at init and at the end, depth {depth}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def write_rates_report(out: str, columns=COLUMNS, depths=RATE_DEPTHS, **sweep_kwargs) -> dict[str, str]:
+    """``rates.json`` (``best_learning_rates``), ``rates.md`` (per column × depth: swept range, best rate, bracketed,
+    its validation accuracy; the one rate per column) and ``results.csv`` from the rate sweep in ``out``."""
+    records = load_records(out)
+    rates = best_learning_rates(records, columns, depths, **sweep_kwargs)
+    save_json(os.path.join(out, "rates.json"), rates_to_json(rates))
+    rows = []
+    for (scheme, warmup, depth), lr in rates["per_depth"].items():
+        mine = _cell_records(records, scheme, warmup, depth)
+        swept = sorted(r["learning_rate"] for r in mine)
+        at_best = [r for r in mine if math.isclose(r["learning_rate"], lr)][0]
+        rows.append([_label(scheme, warmup), depth, f"{swept[0]:g} … {swept[-1]:g} ({len(swept)})", f"{lr:g}",
+                     "yes" if rates["bracketed"][(scheme, warmup, depth)] else "**no (edge)**",
+                     f"{100 * accuracy(at_best):.1f}", sum(r["diverged"] for r in mine)])
+    one = [[_label(*c), f"{lr:g}"] for c, lr in rates["one_rate"].items()]
+    with open(os.path.join(out, "rates.md"), "w") as f:
+        f.write(f"Rates ({describe(records, 'rate sweep', 'seed 0')}), chosen on final validation accuracy.\n\n"
+                + sweep.markdown_table(["column", "depth", "swept (runs)", "best rate", "bracketed",
+                                        "val acc at best (%)", "diverged runs"], rows)
+                + "\nOne rate for all depths (highest mean validation accuracy over the depths, a diverged run "
+                  "counting 0):\n\n" + sweep.markdown_table(["column", "rate"], one))
+    sweep.write_csv(sorted(records, key=lambda r: (r["depth"], r["scheme"], not r["warmup"], r["learning_rate"])),
+                    os.path.join(out, "results.csv"), RATE_CSV_FIELDS)
+    return {"rates": os.path.join(out, "rates.json"), "rates_md": os.path.join(out, "rates.md")}
+
+
+RATE_CSV_FIELDS = ("depth", "scheme", "warmup", "learning_rate", "seed", "final_val_accuracy", "diverged",
+                   "diverged_at_step", "steps", "seconds")
+FINAL_PROTOCOLS = {"per_depth": "each column at its best validation rate per depth",
+                   "one_rate": "each column at its one best validation rate for all depths"}
+
+
+def write_final_report(out: str, rates: dict, command: str | None = None) -> dict[str, str]:
+    """For each final protocol (``FINAL_PROTOCOLS``), in ``out/<protocol>/``: ``table.md`` (mean and 95% CI over
+    converged runs, divergence counted apart), ``comparisons.md`` (LayerScale vs each column per depth, Welch),
+    ``results.csv`` and the figures."""
+    paths = {}
+    every = load_records(out)
+    for which, words in FINAL_PROTOCOLS.items():
+        records = final_records(every, rates, which)
+        if not records:
+            continue
+        report_dir = os.path.join(out, which)
+        os.makedirs(report_dir, exist_ok=True)
+        title = describe(records, "final", words)
+        head = title + (f"\n\nCommand: `{command}`" if command else "")
+        paths[f"{which}/table"] = os.path.join(report_dir, "table.md")
+        write_ci_table(records, paths[f"{which}/table"], "Final test accuracy (%), " + head)
+        paths[f"{which}/comparisons"] = os.path.join(report_dir, "comparisons.md")
+        write_comparisons(records, paths[f"{which}/comparisons"], "LayerScale against each column, " + head)
+        paths[f"{which}/csv"] = os.path.join(report_dir, "results.csv")
+        write_csv(records, paths[f"{which}/csv"])
+        paths.update({f"{which}/{k}": v for k, v in write_figures(records, report_dir, title).items()})
+    if not paths:
+        raise FileNotFoundError(f"no finished final runs under {os.path.join(out, 'runs')}")
+    return paths
+
+
+EARLY_LABEL = ("early training (200 steps ≈ 9 epochs; rates selected on test accuracy of seed 0 at depth 24 — "
+               "superseded by the validation protocol once run)")
 
 
 def select_rates(records: list[dict], rates) -> list[dict]:
@@ -427,19 +787,18 @@ def write_reports(out: str, command: str | None = None, lr_sweep: bool = False, 
         write_csv(sweep, paths["csv"])
         paths["table"] = os.path.join(report_dir, "table.md")
         per_scheme = ", ".join(f"{s} {lr:g}" for s, lr in rates.items()) if isinstance(rates, dict) else None
+        own = f", each scheme at its own learning rate ({per_scheme})" if per_scheme else ""
+        head = f"{EARLY_LABEL.capitalize()}{own}" + (f"\n\nCommand: `{command}`" if command else "")
         write_table(sweep, paths["table"], f"Final test accuracy (%) on {sweep[0]['dataset']}, mean ± std over "
-                                           f"seeds" + (f", each scheme at its own learning rate ({per_scheme})"
-                                                       if per_scheme else "")
-                                           + (f"\n\nCommand: `{command}`" if command else ""))
-        deepest = max(r["depth"] for r in sweep)
-        paths["acc_vs_depth"] = os.path.join(report_dir, "acc_vs_depth.png")
-        plot_accuracy_vs_depth(sweep, paths["acc_vs_depth"])
-        paths["loss_curves"] = os.path.join(report_dir, f"loss_curves_depth{deepest}.png")
-        plot_loss_curves(sweep, deepest, paths["loss_curves"])
-        paths["scale_heatmap"] = os.path.join(report_dir, f"scale_heatmap_depth{deepest}.png")
-        plot_scale_heatmap(sweep, deepest, paths["scale_heatmap"])
-        paths["ratio_init_end"] = os.path.join(report_dir, f"ratio_init_end_depth{deepest}.png")
-        plot_ratio_init_end(sweep, deepest, paths["ratio_init_end"])
+                                           f"seeds, a diverged run counted with the accuracy of its last finite "
+                                           f"parameters (table_ci.md: mean and 95% CI over converged runs). {head}")
+        paths["table_ci"] = os.path.join(report_dir, "table_ci.md")
+        write_ci_table(sweep, paths["table_ci"], f"Final test accuracy (%). {head}")
+        paths["comparisons"] = os.path.join(report_dir, "comparisons.md")
+        write_comparisons(sweep, paths["comparisons"], f"LayerScale against each column. {head}")
+        rate_words = (f"each scheme at its own rate ({per_scheme})" if per_scheme
+                      else f"shared rate {rates:g}" if isinstance(rates, float) else "rates as recorded")
+        paths.update(write_figures(sweep, report_dir, describe(sweep, EARLY_LABEL, rate_words)))
     if lr_records:
         paths["lr_csv"] = os.path.join(lr_dir, "results.csv")
         write_csv(lr_records, paths["lr_csv"])
@@ -470,58 +829,240 @@ def estimate_sweep_seconds(costs: dict[int, dict], specs: list[RunSpec], sizing:
     return sweep.estimate_seconds(costs, [s.depth for s in specs], sizing.steps, sizing.evals)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The same study at ImageNet scale: one multi-host training job per run
+# ---------------------------------------------------------------------------------------------------------------
+IMAGENET_DEPTHS = (12, 18, 24, 36)             # the depths of CaiT's Fig. 3 ablation on a DeiT-S-width ViT
+IMAGENET_EPOCHS = 300
+IMAGENET_CONFIG = "configs/imagenet_deit3.py"
+# Cost source: the DeiT paper (Touvron et al. 2021, §5, "Training time"): DeiT-B, 300 epochs, 53 h on one node of
+# 8 V100; Table 1: throughput DeiT-S 940 / DeiT-B 292 images/s (one V100). A DeiT-S-width block costs
+# 53 h · (292 / 940) / 12 ≈ 1.37 node-hours at 300 epochs; compute scales linearly in depth.
+DEIT_B_NODE_HOURS_300_EPOCHS = 53.0
+DEIT_S_OVER_B_SPEED = 940 / 292
+
+
+def imagenet_run_args(depth: int, column: tuple[str, bool], seed: int, workdir: str,
+                      epochs: int = IMAGENET_EPOCHS) -> list[str]:
+    """The arguments of ``python -m layerscale_jax.train`` for one run of the ImageNet-scale ablation: DeiT III-S
+    (width 384, 6 heads; its recipe: LAMB, 3-Augment, Mixup/CutMix, ``configs/imagenet_deit3.py``) at ``depth``
+    with the column's branch scaling and ε, warm-up off for CaiT's variant (b), every device on the ``fsdp`` axis
+    (the config's mesh; add ``--config.train.mesh.data=<hosts>`` for data parallelism across hosts). It trains on
+    ImageNet's train split and evaluates on its validation split (the numbers ImageNet papers report)."""
+    scheme, warmup = column
+    s = SCHEMES_BY_NAME[scheme]
+    args = ["--distributed", f"--config={os.path.join(ROOT, IMAGENET_CONFIG)}:variant=S,epochs={epochs}",
+            f"--workdir={workdir}", f"--config.model.depth={depth}",
+            f"--config.model.branch_scaling={s.branch_scaling}", f"--config.model.init_values={s.init_values}",
+            f"--config.train.seed={seed}"]
+    if not warmup:
+        args.append("--config.optim.warmup_steps=0")
+    return args
+
+
+def imagenet_commands(workdir_root: str, depths=IMAGENET_DEPTHS, columns=COLUMNS, seeds=(0,),
+                      epochs: int = IMAGENET_EPOCHS) -> list[str]:
+    """One shell command per run (cheapest first), each to be started on every host of the job (a TPU pod's
+    workers, a SLURM job's nodes; ``--distributed`` finds the others)."""
+    commands = []
+    for depth in depths:
+        for seed in seeds:
+            for column in columns:
+                run_id = f"depth{depth}_{column[0]}_warmup{'on' if column[1] else 'off'}_seed{seed}"
+                args = imagenet_run_args(depth, column, seed, f"{workdir_root}/{run_id}", epochs)
+                commands.append("python -m layerscale_jax.train " + " ".join(
+                    a.replace(ROOT + os.sep, "") for a in args))
+    return commands
+
+
+def imagenet_node_hours(depths=IMAGENET_DEPTHS, columns=COLUMNS, seeds=(0,), epochs: int = IMAGENET_EPOCHS) -> float:
+    """8×V100-node-hours of ``imagenet_commands``' runs, from the DeiT paper's published training time and
+    throughputs (``DEIT_B_NODE_HOURS_300_EPOCHS``), linear in depth and epochs."""
+    per_block = DEIT_B_NODE_HOURS_300_EPOCHS / DEIT_S_OVER_B_SPEED / 12 * epochs / 300
+    return per_block * sum(depths) * len(columns) * len(seeds)
+
+
+def _steps_from_budget(out: str, steps: int | None) -> int:
+    """``--steps``, else the step count ``--protocol budget`` chose (``OUT/budget/budget.json``)."""
+    if steps is not None:
+        return steps
+    path = os.path.join(out, "budget", "budget.json")
+    if not os.path.exists(path):
+        raise ValueError(f"--steps not given and no {path}: run --protocol budget first (or pass --steps)")
+    with open(path) as f:
+        return int(json.load(f)["steps"])
+
+
+def _load_rates(out: str) -> dict:
+    path = os.path.join(out, "rates", "rates.json")
+    if not os.path.exists(path):
+        raise ValueError(f"no {path}: run --protocol rates first")
+    with open(path) as f:
+        return rates_from_json(json.load(f))
+
+
+def run_protocol(protocol: str, out: str, *, steps: int | None = None, columns=COLUMNS, depths=None, seeds=None,
+                 which_shard=None, report_only: bool = False, budget=None, sizing: Sizing = PROTOCOL_SIZING,
+                 rate_start=RATE_LADDER_START, max_extensions=MAX_EXTENSIONS, tolerance: float = CONVERGENCE_POINTS,
+                 command: str | None = None, log=print) -> dict[str, str]:
+    """One stage of the protocol into ``out/<protocol>/`` (``budget``, ``rates``, ``final``): train what is missing
+    (``which_shard``: this machine's share only, then stop), then write the stage's outputs from every finished
+    record. ``budget``: ``(steps, eval_every, rate)``; ``tolerance``: the budget criterion's points. Returns
+    ``{what: path}`` (empty for a shard)."""
+    stage = os.path.join(out, protocol)
+    if protocol == "budget":
+        b_steps, every, rate = budget or (BUDGET_STEPS, BUDGET_EVAL_EVERY, BUDGET_RATE)
+        b_columns = [c for c in BUDGET_COLUMNS if c in columns] if columns != COLUMNS else BUDGET_COLUMNS
+        specs = budget_specs(b_columns, depths or BUDGET_DEPTHS, seeds or BUDGET_SEEDS, b_steps, rate)
+        if not report_only:
+            b_sizing = dataclasses.replace(sizing, steps=b_steps, evals=b_steps // every)
+            run_sweep(sweep.shard(specs, which_shard), b_sizing, stage, log=log)
+    elif protocol == "rates":
+        steps = _steps_from_budget(out, steps)
+        if not report_only:
+            run_rate_sweep(stage, steps, columns, depths or RATE_DEPTHS, which_shard, sizing, rate_start,
+                           max_extensions, log=log)
+    elif protocol == "final":
+        steps = _steps_from_budget(out, steps)
+        rates = _load_rates(out)
+        specs = final_specs(rates, steps, depths or DEPTHS, seeds or FINAL_SEEDS, columns)
+        if not report_only:
+            run_sweep(sweep.shard(specs, which_shard), dataclasses.replace(sizing, steps=steps), stage, log=log)
+    else:
+        raise ValueError(f"--protocol={protocol!r} must be budget, rates or final")
+    if which_shard is not None:
+        log(f"shard {which_shard} finished; with every shard's {os.path.join(stage, 'runs')} copied together, run "
+            "the same command without --shard (it trains what is missing and writes the outputs)")
+        return {}
+    if protocol == "budget":
+        return write_budget_report(stage, tolerance)
+    if protocol == "rates":
+        return write_rates_report(stage, columns, depths or RATE_DEPTHS, start=rate_start,
+                                  max_extensions=max_extensions)
+    return write_final_report(stage, rates, command)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "depth_ablation"))
+    parser.add_argument("--protocol", choices=("budget", "rates", "final", "early"),
+                        help="budget → rates → final: the study (selection on validation, test for final runs "
+                             "only); early: the committed 200-step grid (rates chosen on test)")
+    parser.add_argument("--out", default=None, help=f"default: {os.path.relpath(CONVERGED_OUT, ROOT)} "
+                                                    "(early: experiments/results/depth_ablation)")
     parser.add_argument("--depths", type=int, nargs="+", default=None)
-    parser.add_argument("--schemes", nargs="+", default=None, choices=sorted(SCHEMES_BY_NAME))
+    parser.add_argument("--schemes", nargs="+", default=None, choices=sorted(SCHEMES_BY_NAME),
+                        help="only these schemes' columns (with and without warm-up)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
-    parser.add_argument("--learning_rate", type=float, default=RECIPE["learning_rate"],
-                        help="the rate shared by every scheme")
-    parser.add_argument("--per_scheme_lr", action="store_true",
-                        help="each scheme at its best rate from a finished --lr_sweep in OUT/lr_sweep")
-    parser.add_argument("--steps", type=int, default=None, help=f"override SIZING.steps ({SIZING.steps})")
-    parser.add_argument("--dataset", default="digits", help="digits, or any prepared TFDS image dataset by name")
-    parser.add_argument("--data_dir", default=None)
-    parser.add_argument("--quick", action="store_true", help=f"tiny grid in minutes: depths {QUICK_DEPTHS}, "
-                                                              f"{QUICK_SIZING.steps} steps, width "
-                                                              f"{QUICK_SIZING.embed_dim}, seed 0")
-    parser.add_argument("--lr_sweep", action="store_true",
-                        help=f"every scheme at depth {LR_SWEEP_DEPTH}, lr in {LR_SWEEP_RATES}, seed 0")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="rates/final: steps per run (default: OUT/budget/budget.json); early: override "
+                             f"SIZING.steps ({SIZING.steps})")
+    parser.add_argument("--budget_steps", type=int, default=BUDGET_STEPS)
+    parser.add_argument("--budget_eval_every", type=int, default=BUDGET_EVAL_EVERY)
+    parser.add_argument("--budget_rate", type=float, default=BUDGET_RATE)
     parser.add_argument("--report", action="store_true", help="only rewrite the outputs from finished runs")
     parser.add_argument("--shard", default=None, metavar="I/N",
-                        help="train only shard I of N of the grid (one machine of N; merge their OUT/runs/ folders, "
-                             "then --report)")
+                        help="train only shard I of N of the stage (one machine of N); copy the shards' runs/ "
+                             "folders together and rerun without --shard")
+    early = parser.add_argument_group("--protocol early (the committed 200-step grid)")
+    early.add_argument("--learning_rate", type=float, default=RECIPE["learning_rate"],
+                       help="the rate shared by every scheme")
+    early.add_argument("--per_scheme_lr", action="store_true",
+                       help="each scheme at its rate from the early --lr_sweep (chosen on test accuracy)")
+    early.add_argument("--dataset", default="digits", help="digits, or any prepared TFDS image dataset by name")
+    early.add_argument("--data_dir", default=None)
+    early.add_argument("--quick", action="store_true", help=f"tiny grid in minutes: depths {QUICK_DEPTHS}, "
+                                                             f"{QUICK_SIZING.steps} steps, width "
+                                                             f"{QUICK_SIZING.embed_dim}, seed 0")
+    early.add_argument("--lr_sweep", action="store_true",
+                       help=f"every scheme at depth {LR_SWEEP_DEPTH}, lr in {LR_SWEEP_RATES}, seed 0")
+    parser.add_argument("--imagenet_commands", default=None, metavar="WORKDIR_ROOT",
+                        help=f"print the ImageNet-scale ablation's commands (DeiT III-S at depths {IMAGENET_DEPTHS}, "
+                             "every column, --seeds, one multi-host job each; --shard I/N: this share) and its "
+                             "cost, then stop")
     parser.add_argument("--measure", type=int, nargs="*", default=None, metavar="DEPTH",
-                        help="time one run per depth (default 6 24 96) at SIZING and print the sweep estimate")
+                        help="time one run per depth (default 6 24 96) of --steps steps (default 40) and print "
+                             "the protocol's estimate for --steps final steps")
     args = parser.parse_args(argv)
-    for field in ("depths", "seeds"):
-        values = getattr(args, field)
-        if values is not None and any(v < 1 if field == "depths" else v < 0 for v in values):
-            raise SystemExit(f"--{field}={values}: depths must be ≥ 1 and seeds ≥ 0")
     try:
         which_shard = sweep.parse_shard(args.shard) if args.shard else None
+        for field in ("depths", "seeds"):
+            values = getattr(args, field)
+            if values is not None and any(v < 1 if field == "depths" else v < 0 for v in values):
+                raise ValueError(f"--{field}={values}: depths must be ≥ 1 and seeds ≥ 0")
+        for field in ("steps", "budget_steps", "budget_eval_every"):
+            value = getattr(args, field)
+            if value is not None and value < 1:
+                raise ValueError(f"--{field}={value} must be ≥ 1")
+        if args.budget_steps % args.budget_eval_every:
+            raise ValueError(f"--budget_steps={args.budget_steps} must be a multiple of --budget_eval_every="
+                             f"{args.budget_eval_every}")
     except ValueError as err:
-        raise SystemExit(str(err)) from None
+        raise SystemExit(f"error: {err}") from None
+    if args.protocol is None and args.measure is None and not args.imagenet_commands:
+        parser.error("one of --protocol, --measure or --imagenet_commands is required")
+    command = "python experiments/depth_ablation.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.measure is not None:
+        return _measure_command(args)
+    if args.imagenet_commands:
+        columns = tuple(c for c in COLUMNS if args.schemes is None or c[0] in args.schemes)
+        depths, seeds = tuple(args.depths or IMAGENET_DEPTHS), tuple(args.seeds or (0,))
+        commands = imagenet_commands(args.imagenet_commands, depths, columns, seeds)
+        print("\n".join(sweep.shard(commands, which_shard)))
+        print(f"# {len(commands)} runs of {IMAGENET_EPOCHS} epochs: about "
+              f"{imagenet_node_hours(depths, columns, seeds):,.0f} node-hours of 8 V100 (DeiT paper's training time "
+              f"and throughputs, linear in depth)", file=sys.stderr)
+        return
+    if args.protocol == "early":
+        return _early(args, which_shard, command)
+    columns = tuple(c for c in COLUMNS if args.schemes is None or c[0] in args.schemes)
+    try:
+        paths = run_protocol(args.protocol, args.out or CONVERGED_OUT, steps=args.steps, columns=columns,
+                             depths=tuple(args.depths) if args.depths else None,
+                             seeds=tuple(args.seeds) if args.seeds is not None else None, which_shard=which_shard,
+                             report_only=args.report,
+                             budget=(args.budget_steps, args.budget_eval_every, args.budget_rate), command=command)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+    for what, path in paths.items():
+        print(f"{what}: {path}")
+
+
+def _measure_command(args) -> None:
+    sweep.enable_compilation_cache()
+    probe_steps = min(args.steps or 40, 40)
+    costs = measure(args.measure or [6, 24, 96], PROTOCOL_SIZING, steps=probe_steps)
+    final_steps = args.steps or 1000
+    print("per step: " + ", ".join(f"depth {d} {1000 * c['per_step']:.0f} ms" for d, c in costs.items()))
+    print(protocol_estimate(costs, final_steps))
+
+
+def protocol_estimate(costs: dict[int, dict], steps: int, rates_per_cell: float = len(RATE_LADDER_START) + 1) -> str:
+    """The protocol's CPU time from ``measure``'s costs: the budget runs, a rate sweep of ``rates_per_cell`` runs
+    per cell (the start ladder plus one extension on average), and both final protocols (assumed to share no run:
+    an upper bound)."""
+    budget = sweep.estimate_seconds(costs, [s.depth for s in budget_specs()], BUDGET_STEPS, BUDGET_STEPS //
+                                    BUDGET_EVAL_EVERY)
+    rate_depths = [d for d in RATE_DEPTHS for _ in COLUMNS] * int(math.ceil(rates_per_cell))
+    rates = sweep.estimate_seconds(costs, rate_depths, steps, PROTOCOL_SIZING.evals)
+    final_depths = [d for d in DEPTHS for _ in COLUMNS for _ in FINAL_SEEDS] * 2
+    final = sweep.estimate_seconds(costs, final_depths, steps, PROTOCOL_SIZING.evals)
+    f = sweep.format_seconds
+    return (f"budget {f(budget)} ({len(budget_specs())} runs of {BUDGET_STEPS} steps); rates {f(rates)} "
+            f"({len(rate_depths)} runs of {steps} steps); final {f(final)} (≤ {len(final_depths)} runs of {steps} "
+            f"steps); total {f(budget + rates + final)}")
+
+
+def _early(args, which_shard, command) -> None:
+    """The committed early-training grid (``--protocol early``): the shared-rate grid, ``--lr_sweep`` (rates chosen
+    on test accuracy of seed 0 at depth 24) and ``--per_scheme_lr``."""
+    out = args.out or os.path.join(ROOT, "experiments", "results", "depth_ablation")
     sizing = QUICK_SIZING if args.quick else SIZING
     if args.steps is not None:
-        if args.steps < 1:
-            raise SystemExit(f"--steps={args.steps} must be ≥ 1")
         sizing = dataclasses.replace(sizing, steps=args.steps)
-    command = "python experiments/depth_ablation.py " + " ".join(sys.argv[1:] if argv is None else argv)
-
-    if args.measure is not None:
-        sweep.enable_compilation_cache()
-        costs = measure(args.measure or [6, 24, 96], sizing, steps=min(sizing.steps, 40))
-        specs = grid(DEPTHS, DEFAULT_SCHEMES, SEEDS, args.learning_rate, sorted(DEPTHS)[-2:])
-        estimate = sweep.format_seconds(estimate_sweep_seconds(costs, specs, sizing))
-        print(f"default grid: {len(specs)} runs of {sizing.steps} steps, estimated {estimate} (an upper bound: "
-              f"seeds 1 and 2 reuse compiled programs)")
-        return
     rates = args.learning_rate
     if args.per_scheme_lr:
-        rates = best_learning_rates(os.path.join(args.out, "lr_sweep"), tuple(args.schemes or DEFAULT_SCHEMES))
-        print("learning rate per scheme (from the lr sweep): " + json.dumps(rates))
+        rates = early_rates_chosen_on_test(os.path.join(out, "lr_sweep"), tuple(args.schemes or DEFAULT_SCHEMES))
+        print("learning rate per scheme (from the early lr sweep, chosen on test): " + json.dumps(rates))
     if not args.report:
         schemes = tuple(args.schemes or DEFAULT_SCHEMES)
         if args.lr_sweep:
@@ -530,14 +1071,14 @@ def main(argv=None) -> None:
             depths = tuple(args.depths or (QUICK_DEPTHS if args.quick else DEPTHS))
             seeds = tuple(args.seeds if args.seeds is not None else ((0,) if args.quick else SEEDS))
             specs = grid(depths, schemes, seeds, rates, sorted(depths)[-2:])
-        out = os.path.join(args.out, "lr_sweep") if args.lr_sweep else args.out
-        run_sweep(sweep.shard(specs, which_shard), sizing, out, args.dataset, args.data_dir)
+        stage = os.path.join(out, "lr_sweep") if args.lr_sweep else out
+        run_sweep(sweep.shard(specs, which_shard), sizing, stage, args.dataset, args.data_dir)
         if which_shard:
-            print(f"shard {args.shard} finished; with every shard's {os.path.join(out, 'runs')} copied together, "
+            print(f"shard {args.shard} finished; with every shard's {os.path.join(stage, 'runs')} copied together, "
                   "--report writes the outputs")
             return
-    report_dir = os.path.join(args.out, "per_scheme_lr") if args.per_scheme_lr else None
-    for what, path in write_reports(args.out, command, lr_sweep=args.lr_sweep, rates=rates,
+    report_dir = os.path.join(out, "per_scheme_lr") if args.per_scheme_lr else None
+    for what, path in write_reports(out, command, lr_sweep=args.lr_sweep, rates=rates,
                                     report_dir=report_dir).items():
         print(f"{what}: {path}")
 

@@ -81,6 +81,26 @@ def parameter_counts(config) -> dict[str, int]:
     return lora_lib.parameter_counts(abstract, freeze_patterns(optim_cfg))
 
 
+def trivial_reconstruction_loss(config) -> float:
+    """The MAE reconstruction loss of predicting each patch's own mean, on the config's eval split: in norm-pix
+    units that prediction is 0, so a patch costs mean_j(t_j²) = ((P−1)/P) · var/(var + 1e-6) for a P-pixel patch
+    (unbiased var, ``models.mae.pixel_targets``), and 0 for a constant patch. The masks are uniform with a fixed
+    count per image, so the expected loss of an image is the mean over all its patches; returned: the mean over
+    the split's images. The reference point for the MAE run's loss (not 1.0: constant background patches cost 0)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from layerscale_jax import data as data_lib
+    from layerscale_jax.models.mae import pixel_targets
+
+    per_image = []
+    for batch in data_lib.make_eval_iterator(config.data, global_batch_size=config.train.eval_batch_size):
+        target, _, _ = pixel_targets(jnp.asarray(batch["image"]), config.model.patch_size, True)
+        loss = np.asarray(jnp.mean(target ** 2, axis=(1, 2)))             # (batch,): mean over patches and pixels
+        per_image.extend(loss[np.asarray(batch["mask"], bool)].tolist())
+    return float(np.mean(per_image))
+
+
 def run(config, workdir: str) -> dict:
     start = time.time()
     results = train_and_evaluate(config, workdir)
@@ -95,7 +115,14 @@ def main() -> None:
     parser.add_argument("--out", default=OUT)
     parser.add_argument("--runs_dir", default=RUNS, help="training workdirs (checkpoints: large, git-ignored)")
     parser.add_argument("--report", action="store_true", help="only rewrite the outputs from finished runs")
+    parser.add_argument("--baseline", action="store_true",
+                        help="only print the test reconstruction loss of predicting each patch's mean")
     args = parser.parse_args()
+    if args.baseline:
+        config = load_config(os.path.join(ROOT, "configs/digits_mae.py"))
+        print(f"predicting each patch's mean: test masked-patch reconstruction loss "
+              f"{trivial_reconstruction_loss(config):.4f} (normalised pixels, expectation over masks)")
+        return
     runs_dir = args.runs_dir
     os.makedirs(runs_dir, exist_ok=True)
 

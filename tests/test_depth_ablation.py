@@ -4,6 +4,7 @@ One module-scoped sweep of three depth-1 runs (one of them at a learning rate of
 every test, so the whole file costs a few compilations.
 """
 import csv
+import json
 import os
 import sys
 
@@ -105,7 +106,7 @@ def test_default_grid_has_every_cell_and_the_warmup_ablation():
     assert len({s.run_id for s in specs}) == len(specs)
 
 
-def test_per_scheme_learning_rates_come_from_the_best_non_diverged_lr_sweep_run(tmp_path):
+def test_the_early_grids_per_scheme_rates_are_its_best_non_diverged_lr_sweep_runs(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
     for i, (scheme, lr, acc, diverged) in enumerate([("none", 1e-3, 0.8, False), ("none", 1e-2, 0.9, False),
@@ -113,11 +114,11 @@ def test_per_scheme_learning_rates_come_from_the_best_non_diverged_lr_sweep_run(
         (runs / f"{i}.json").write_text(
             f'{{"scheme": "{scheme}", "learning_rate": {lr}, "final_test_accuracy": {acc}, '
             f'"diverged": {str(diverged).lower()}}}')
-    assert da.best_learning_rates(str(tmp_path), ["none", "rezero"]) == {"none": 1e-2, "rezero": 1e-3}
+    assert da.early_rates_chosen_on_test(str(tmp_path), ["none", "rezero"]) == {"none": 1e-2, "rezero": 1e-3}
     specs = da.grid((6,), ("none", "rezero"), (0,), {"none": 1e-2, "rezero": 1e-3}, ())
     assert {(s.scheme, s.learning_rate) for s in specs} == {("none", 1e-2), ("rezero", 1e-3)}
     with pytest.raises(FileNotFoundError, match="scheme 'skipinit'"):
-        da.best_learning_rates(str(tmp_path), ["skipinit"])
+        da.early_rates_chosen_on_test(str(tmp_path), ["skipinit"])
 
 
 def test_sweep_estimate_adds_fixed_and_per_step_costs_linear_in_depth():
@@ -193,7 +194,7 @@ def test_the_committed_tables_are_what_the_committed_run_records_give(tmp_path):
     """Regenerating from ``experiments/results/depth_ablation/runs`` reproduces both protocols' table and CSV."""
     results = os.path.join(da.ROOT, "experiments", "results", "depth_ablation")
     records = da.load_records(results)
-    rates = da.best_learning_rates(os.path.join(results, "lr_sweep"), da.DEFAULT_SCHEMES)
+    rates = da.early_rates_chosen_on_test(os.path.join(results, "lr_sweep"), da.DEFAULT_SCHEMES)
     for rate, where in ((da.RECIPE["learning_rate"], results), (rates, os.path.join(results, "per_scheme_lr"))):
         chosen = da.select_rates(records, rate)
         committed = open(os.path.join(where, "table.md")).read()
@@ -206,4 +207,208 @@ def test_the_committed_tables_are_what_the_committed_run_records_give(tmp_path):
 
 def test_a_bad_shard_stops_the_command_naming_it():
     with pytest.raises(SystemExit, match="--shard='5/4' must have 1 ≤ i ≤ n"):
-        da.main(["--shard", "5/4", "--out", "/nonexistent"])
+        da.main(["--protocol", "final", "--shard", "5/4", "--out", "/nonexistent"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The protocol: selection on validation, budget criterion, bracketed rates, statistics
+# ---------------------------------------------------------------------------------------------------------------
+def fake_record(scheme="layerscale", warmup=True, depth=12, lr=1e-2, acc=0.9, diverged=False, seed=0,
+                protocol="rates", split="validation"):
+    prefix = "test" if split == "test" else "val"
+    return {"run_id": f"{protocol}_{scheme}_{warmup}_{depth}_{lr:g}_{seed}", "protocol": protocol, "scheme": scheme,
+            "warmup": warmup, "depth": depth, "learning_rate": lr, "seed": seed, "diverged": diverged,
+            "eval_split": split, f"final_{prefix}_accuracy": acc}
+
+
+def test_the_budget_criterion_needs_the_last_quarter_flat_from_then_on():
+    # acc(t) − acc(¾t): at 700: 90.2 − 89.625 (525, between 500 and 600) = 0.575 → no; at 800: 90.4 − 90.0 = 0.4,
+    # at 900: 90.5 − 90.15 = 0.35, at 1000: 90.6 − 90.3 = 0.3 → yes from 800 on
+    curve = [(100, 50.0), (200, 80.0), (300, 88.0), (400, 89.0), (500, 89.5), (600, 90.0), (700, 90.2),
+             (800, 90.4), (900, 90.5), (1000, 90.6)]
+    assert da.converged_step(curve) == 800
+    assert da.converged_step(curve, tolerance=0.1) is None
+    # a flat stretch that rises again later does not count
+    assert da.converged_step([(100, 50.0), (200, 50.1), (300, 60.0), (400, 60.1)]) == 400
+
+
+def test_the_budget_is_the_latest_converged_cell_and_a_late_cell_is_an_error():
+    def run(scheme, depth, values):
+        r = fake_record(scheme, depth=depth, protocol="budget")
+        r["evaluations"] = [{"step": 0}] + [{"step": 100 * (i + 1), "val_accuracy": v / 100}
+                                            for i, v in enumerate(values)]
+        return r
+    flat_early = [80, 90, 90, 90, 90, 90, 90, 90]
+    flat_late = [50, 60, 70, 80, 85, 90, 90, 90]
+    choice = da.choose_budget([run("layerscale", 24, flat_early), run("skipinit", 96, flat_late)])
+    # flat_late: at 700, 90 − acc(525) = 90 − 86.25; at 800, 90 − acc(600) = 0 → 800; flat_early from 300 on
+    assert choice["steps"] == 800 and choice["cells"]["layerscale, depth 24"] == 300
+    with pytest.raises(ValueError, match=r"run longer \(--budget_steps\)"):
+        da.choose_budget([run("skipinit", 96, [10, 20, 30, 40])])
+    test_run = run("layerscale", 24, flat_early)
+    test_run["eval_split"] = "test"
+    with pytest.raises(ValueError, match="validation split only"):
+        da.choose_budget([test_run])
+
+
+def test_the_rate_ladder_steps_one_two_five():
+    assert [da.ladder(x, +1) for x in (1e-3, 2e-3, 5e-3, 2e-2)] == [2e-3, 5e-3, 1e-2, 5e-2]
+    assert [da.ladder(x, -1) for x in (1e-3, 2e-3, 5e-3)] == [5e-4, 1e-3, 2e-3]
+
+
+def test_a_rate_at_the_edge_extends_the_sweep_until_it_is_inside_with_a_cap():
+    start = (1e-3, 2e-3, 5e-3)
+    at = lambda accs: [fake_record(lr=lr, acc=a) for lr, a in accs.items()]  # noqa: E731
+    assert da.swept_rates([], start) == [1e-3, 2e-3, 5e-3]                     # nothing run: the start
+    assert da.swept_rates(at({1e-3: .5, 2e-3: .6, 5e-3: .7}), start) == [1e-3, 2e-3, 5e-3, 1e-2]
+    assert da.swept_rates(at({1e-3: .5, 2e-3: .6, 5e-3: .7, 1e-2: .6}), start) == [1e-3, 2e-3, 5e-3, 1e-2]
+    assert da.swept_rates(at({1e-3: .9, 2e-3: .6, 5e-3: .5}), start) == [5e-4, 1e-3, 2e-3, 5e-3]
+    rising = at({1e-3: .1, 2e-3: .2, 5e-3: .3, 1e-2: .4, 2e-2: .5, 5e-2: .6})
+    assert da.swept_rates(rising, start, max_extensions=3) == [1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2]  # capped
+    diverged = [fake_record(lr=lr, diverged=True) for lr in start]
+    assert da.swept_rates(diverged, start) == [5e-4, 1e-3, 2e-3, 5e-3]
+
+
+def test_rates_are_chosen_per_depth_and_once_for_all_depths_on_validation():
+    records = [fake_record(depth=d, lr=lr, acc=a) for d, accs in
+               {12: {1e-3: .5, 2e-3: .9, 5e-3: .6}, 48: {1e-3: .8, 2e-3: .7, 5e-3: .1}}.items()
+               for lr, a in accs.items()]
+    records += [fake_record(depth=48, lr=5e-4, acc=.7)]                      # 48's best was at the low edge
+    rates = da.best_learning_rates(records, columns=(("layerscale", True),), depths=(12, 48),
+                                   start=(1e-3, 2e-3, 5e-3))
+    assert rates["per_depth"] == {("layerscale", True, 12): 2e-3, ("layerscale", True, 48): 1e-3}
+    assert rates["bracketed"] == {("layerscale", True, 12): True, ("layerscale", True, 48): True}
+    assert rates["one_rate"] == {("layerscale", True): 2e-3}                  # (.9 + .7) / 2 is the best mean
+    assert da.rates_from_json(da.rates_to_json(rates)) == rates
+    with pytest.raises(ValueError, match="validation split only"):
+        da.best_learning_rates([fake_record(split="test")], columns=(("layerscale", True),), depths=(12,))
+    with pytest.raises(ValueError, match="unfinished"):
+        da.best_learning_rates(records[:2], columns=(("layerscale", True),), depths=(12,), start=(1e-3, 2e-3, 5e-3))
+
+
+def test_a_test_table_takes_final_runs_only_and_never_averages_diverged_runs(tmp_path):
+    final = [fake_record(acc=a, seed=k, protocol="final", split="test") for k, a in enumerate((.90, .92, .94))]
+    final.append(fake_record(acc=.10, seed=3, diverged=True, protocol="final", split="test"))
+    for r in final:
+        r["dataset"] = "digits"
+    table = da.write_ci_table(final, str(tmp_path / "t.md"), "title")
+    # mean 92.0, s = 2.0, t(0.975, 2) = 4.3027: half-width 4.3027 · 2 / √3 = 4.97
+    assert "| 12 | 92.0 [87.0, 97.0]; 1/4 diverged |" in table
+    assert "Student's t" in (tmp_path / "t.md").read_text()
+    with pytest.raises(ValueError, match="final-protocol runs only"):
+        da.write_ci_table([fake_record()], str(tmp_path / "t.md"), "title")
+    with pytest.raises(ValueError, match="final-protocol runs only"):
+        da.write_comparisons([fake_record()], str(tmp_path / "c.md"), "title")
+
+
+def test_comparisons_give_welch_p_of_layerscale_against_each_column(tmp_path):
+    from scipy import stats
+    a, b = (.90, .92, .94), (.80, .85, .86)
+    records = [fake_record("layerscale", acc=x, seed=k, protocol="final", split="test") for k, x in enumerate(a)]
+    records += [fake_record("none", acc=x, seed=k, protocol="final", split="test") for k, x in enumerate(b)]
+    records += [fake_record("rezero", acc=.1, seed=0, diverged=True, protocol="final", split="test")]
+    table = da.write_comparisons(records, str(tmp_path / "c.md"), "title")
+    expected = stats.ttest_ind([100 * x for x in a], [100 * x for x in b], equal_var=False)
+    row = [ln for ln in table.splitlines() if "| none |" in ln][0]
+    assert f"| {expected.pvalue:.3g} |" in row and "+8.3" in row and "3/3 vs 3/3" in row
+    assert "| 12 | rezero | – | – | – | – | 3/3 vs 0/1 |" in table
+
+
+def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):
+    """budget → rates → final on 2 columns × 2 depths (× 2 seeds for the final runs): selection runs train on
+    train_without_validation and record val_* only; final runs train on train and record test_*; every output is
+    written. (One rate per cell and no extension keeps it to 16 short runs.)"""
+    out = str(tmp_path)
+    columns = (("layerscale", True), ("skipinit", False))
+    tiny = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=0, evals=1, log_every=2)
+    common = dict(columns=columns, depths=(1, 2), sizing=tiny, log=lambda *a: None)
+    budget = da.run_protocol("budget", out, seeds=(0,), budget=(4, 2, 1e-2), tolerance=100.0, **common)
+    assert json.load(open(budget["budget"]))["steps"] == 4          # step 2's ¾ precedes the first evaluation
+    rates = da.run_protocol("rates", out, rate_start=(1e-2,), max_extensions=0, **common)
+    chosen = da.rates_from_json(json.load(open(rates["rates"])))
+    assert set(chosen["per_depth"]) == {c + (d,) for c in columns for d in (1, 2)}
+    final = da.run_protocol("final", out, seeds=(0, 1), **common)
+    for stage, split, prefix in (("budget", "validation", "val"), ("rates", "validation", "val"),
+                                 ("final", "test", "test")):
+        records = da.load_records(os.path.join(out, stage))
+        assert {(r["train_split"], r["eval_split"]) for r in records} == {
+            ("train", "test") if stage == "final" else ("train_without_validation", "validation")}, stage
+        other = "test" if prefix == "val" else "val"
+        assert all(f"final_{prefix}_accuracy" in r and f"final_{other}_accuracy" not in r for r in records)
+    assert len(da.load_records(os.path.join(out, "final"))) == 2 * 2 * 2        # both protocols share the runs
+    assert {"per_depth/table", "per_depth/comparisons", "one_rate/table", "one_rate/acc_vs_depth"} <= set(final)
+    table = open(final["per_depth/table"]).read()
+    assert "final: digits train → test, 4 steps" in table and "| 2 |" in table
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The same study at ImageNet scale
+# ---------------------------------------------------------------------------------------------------------------
+def test_every_imagenet_command_parses_to_its_cell():
+    from layerscale_jax.train.__main__ import parse_command_line
+    commands = da.imagenet_commands("gs://bucket/ablation", seeds=(0, 1))
+    assert len(commands) == len(da.IMAGENET_DEPTHS) * len(da.COLUMNS) * 2
+    seen = set()
+    for command in commands:
+        argv = command.split()[3:]
+        config = parse_command_line([a.replace("configs/", os.path.join(da.ROOT, "configs") + "/", 1)
+                                     if a.startswith("--config=") else a for a in argv]).config
+        seen.add((config.model.depth, config.model.branch_scaling, str(config.model.init_values),
+                  config.optim.warmup_steps == 0, config.train.seed))
+        assert (config.model.embed_dim, config.data.name) == (384, "imagenet2012")
+    assert (36, "skipinit", "auto", True, 1) in seen and (12, "layerscale", "0.1", False, 0) in seen
+    assert len(seen) == len(commands)
+    # 8 columns × (12 + 18 + 24 + 36) blocks × 1.37 node-hours per block (DeiT paper: 53 h · 292 / 940 / 12)
+    assert da.imagenet_node_hours() == pytest.approx(8 * 90 * 53 * 292 / 940 / 12)
+
+
+def test_an_imagenet_command_trains_its_first_steps_on_fake_tfds_data(tmp_path):
+    """The ImageNet-scale command of one cell (DeiT III-S at depth 12, ReZero without warm-up), run in this
+    process on mock TFDS imagenet2012 records (random JPEGs; ``tfds.testing.mock_data``), with only the sizes
+    shrunk (32 px images, batch 8 over the test session's 8 CPU devices on the config's fsdp axis, 2 steps): it
+    trains, evaluates and checkpoints."""
+    import io
+
+    import numpy as np
+    import tensorflow_datasets as tfds
+    from PIL import Image
+
+    from layerscale_jax.data import sources
+    from layerscale_jax.train.__main__ import main
+
+    def jpeg(i):
+        out = io.BytesIO()
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(out, "JPEG")
+        return out.getvalue()
+
+    class Records(list):                  # what builder.as_data_source returns: batched reads by key
+        def __getitems__(self, keys):
+            return [self[k] for k in keys]
+
+    def as_data_source(builder, split, **_):
+        return Records({"image": jpeg(i), "label": i % 1000} for i in range(builder.info.splits[split].num_examples))
+
+    real_builder = sources.tfds_builder
+
+    def builder_with_splits(name, data_dir):
+        builder = real_builder(name, data_dir)
+        builder.info.set_splits(tfds.core.SplitDict([tfds.core.SplitInfo(name=s, shard_lengths=[n], num_bytes=0)
+                                                     for s, n in (("train", 16), ("validation", 8))]))
+        return builder
+
+    workdir = str(tmp_path / "run")
+    args = [a for a in da.imagenet_run_args(12, ("rezero", False), 0, workdir) if a != "--distributed"]
+    args += [f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.data.image_size=32", "--config.model.img_size=32",
+             "--config.train.batch_size=8", "--config.train.eval_batch_size=8", "--config.train.steps=2",
+             "--config.train.log_every=1", "--config.train.eval_every=2", "--config.train.checkpoint_every=2",
+             "--config.data.num_workers=0"]
+    from unittest import mock
+    with mock.patch.object(sources, "tfds_builder", builder_with_splits), \
+            mock.patch.object(sources, "_is_prepared_as_array_record", lambda builder: True), \
+            tfds.testing.mock_data(as_data_source_fn=as_data_source):
+        assert main(args) == 0
+    config = json.load(open(os.path.join(workdir, "config.json")))
+    assert (config["model"]["depth"], config["model"]["branch_scaling"], config["optim"]["warmup_steps"]) == (
+        12, "rezero", 0)
+    results = json.load(open(os.path.join(workdir, "results.json")))
+    assert results["steps"] == 2 and results["val_examples"] == 8 and 0.0 <= results["val_accuracy"] <= 1.0

@@ -1,0 +1,200 @@
+"""The depth ablation's figures, and the one palette every figure of the study uses (the notebook imports it too).
+
+A scheme has one colour everywhere (``SCHEME_COLOURS``); its warm-up-off variant (CaiT's variant b for ReZero and
+SkipInit) keeps the colour with a dashed line and open markers. Accuracy figures show every seed as a point, the
+mean over converged seeds as a line and its t-based 95% confidence interval as a bar; a diverged run is an ``x`` on
+the bottom edge, never part of the mean. Depth axes have ticks at the measured depths. Heat maps are drawn with
+nearest interpolation (one cell per evaluation, nothing in between) and one colour scale per figure. Titles are
+given by the caller and name the protocol, rate(s), steps and data split (``depth_ablation.describe``).
+"""
+from __future__ import annotations
+
+import math
+import textwrap
+
+import sweep
+
+SCHEME_COLOURS = {
+    "none": "#7f7f7f",                 # grey: no scaling
+    "layerscale": "#1f77b4",           # blue
+    "layerscale_eps0.1": "#17becf",    # cyan: LayerScale with ε = 0.1 at every depth
+    "scalar": "#ff7f0e",               # orange
+    "rezero": "#2ca02c",               # green
+    "skipinit": "#d62728",             # red
+    "scalar_zero": "#9467bd",          # purple
+}
+OTHER_COLOUR = "#000000"
+
+
+def colour(scheme: str) -> str:
+    """The scheme's colour in every figure of the study (black for a scheme the palette does not know)."""
+    return SCHEME_COLOURS.get(scheme, OTHER_COLOUR)
+
+
+def label(scheme: str, warmup: bool) -> str:
+    return scheme if warmup else f"{scheme} (no warm-up)"
+
+
+def style(warmup: bool) -> dict:
+    """Line and marker style of a column: solid and filled with warm-up, dashed and open without."""
+    return {"linestyle": "-" if warmup else "--", "markerfacecolor": None if warmup else "none"}
+
+
+def wrap(title: str, width: int = 95) -> str:
+    """A long title over several lines."""
+    return textwrap.fill(title, width)
+
+
+def _finish(fig, ax, path, legend=True):
+    if legend:
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    sweep.pyplot().close(fig)
+
+
+def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *, title: str, ylabel: str) -> None:
+    """``accuracy(record)`` (%) against depth, one colour per scheme: each seed a small point (slightly spread
+    sideways), the mean over converged seeds joined by a line with its 95% t-interval, diverged runs an ``x`` at
+    the bottom. ``columns`` are the (scheme, warm-up) pairs in legend order."""
+    plt = sweep.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    depths = sorted({r["depth"] for r in records})
+    offsets = {c: (i - (len(columns) - 1) / 2) * 0.025 for i, c in enumerate(columns)}
+    any_diverged = False
+    for column in columns:
+        scheme, warmup = column
+        shift = 2 ** offsets[column]
+        xs, means, lows, highs = [], [], [], []
+        for depth in depths:
+            mine = [r for r in records if (r["scheme"], r["warmup"], r["depth"]) == (scheme, warmup, depth)]
+            converged = [accuracy(r) for r in mine if not r["diverged"]]
+            diverged = sum(r["diverged"] for r in mine)
+            ax.scatter([depth * shift] * len(converged), converged, s=9, color=colour(scheme), alpha=0.45,
+                       edgecolors="none" if warmup else colour(scheme),
+                       facecolors=colour(scheme) if warmup else "none")
+            if diverged:
+                any_diverged = True
+                ax.scatter([depth * shift] * diverged, [0.0] * diverged, marker="x", s=30, color=colour(scheme),
+                           clip_on=False, zorder=5)
+            if converged:
+                s = sweep.summarise(converged)
+                xs.append(depth * shift)
+                means.append(s.mean)
+                lows.append(s.mean - s.ci_low)
+                highs.append(s.ci_high - s.mean)
+        if xs:
+            ax.errorbar(xs, means, yerr=[lows, highs], color=colour(scheme), marker="o", markersize=4, capsize=3,
+                        linewidth=1.2, label=label(scheme, warmup), **style(warmup))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(depths, [str(d) for d in depths])
+    ax.minorticks_off()
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("depth (blocks)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(wrap(title), fontsize=7)
+    if any_diverged:
+        ax.scatter([], [], marker="x", color="black", label="diverged run (at 0)")
+    _finish(fig, ax, path)
+
+
+def plot_loss_curves(records: list[dict], depth: int, path: str, *, title: str) -> None:
+    """Train loss (mean per log interval) of every run at ``depth``, one line per seed, the scheme's colour."""
+    plt = sweep.pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    labelled = set()
+    for r in sorted((r for r in records if r["depth"] == depth), key=lambda r: (r["scheme"], r["seed"])):
+        key = (r["scheme"], r["warmup"])
+        steps, losses = zip(*r["train_loss_curve"]) if r["train_loss_curve"] else ((), ())
+        ax.plot(steps, losses, linewidth=1, color=colour(r["scheme"]), linestyle=style(r["warmup"])["linestyle"],
+                label=None if key in labelled else label(*key))
+        labelled.add(key)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss (mean over each log interval)")
+    ax.set_title(wrap(title), fontsize=7)
+    _finish(fig, ax, path)
+
+
+def per_layer(evaluation: dict, depth: int, quantity: str) -> list[list[float | None]]:
+    """``[[attn, mlp] per layer]`` of ``diag/blocks.<l>.<branch>.<quantity>`` (None when absent)."""
+    return [[evaluation.get(f"diag/blocks.{layer}.{b}.{quantity}") for b in ("attn", "mlp")] for layer in range(depth)]
+
+
+def plot_scale_heatmap(runs: list[dict], depth: int, path: str, *, title: str) -> None:
+    """log10 mean |λ| (|α|) per layer × branch (rows) at each evaluation (columns: one cell per evaluation, nearest
+    interpolation), one panel per run, one colour scale for the whole figure. A scale of exactly 0 (ReZero and
+    SkipInit at initialisation) has no logarithm and is drawn grey, as is an absent value."""
+    import numpy as np
+    plt = sweep.pyplot()
+    runs = [r for r in runs if r["branch_scaling"] != "none"]
+    grids = []
+    for r in runs:
+        values = np.array([[v if v is not None else np.nan for row in per_layer(e, depth, "scale") for v in row]
+                           for e in r["evaluations"]], dtype=float).T                 # (2·depth, evaluations)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            grids.append(np.where(values > 0, np.log10(values), np.nan))
+    finite = np.concatenate([g[np.isfinite(g)] for g in grids]) if grids else np.array([])
+    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (-1.0, 0.0)
+    cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")
+    n = max(len(runs), 1)
+    fig, axes = plt.subplots(1, n, figsize=(2.6 * n + 1.2, 4), squeeze=False)
+    image = None
+    for ax, r, values in zip(axes[0], runs, grids):
+        steps = [e["step"] for e in r["evaluations"]]
+        image = ax.imshow(values, aspect="auto", origin="lower", cmap=cmap, vmin=vmin, vmax=vmax,
+                          interpolation="nearest")
+        ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=6)
+        ax.set_title(label(r["scheme"], r["warmup"]) + (" (diverged)" if r["diverged"] else ""), fontsize=7,
+                     color=colour(r["scheme"]))
+        ax.set_xlabel("evaluation step", fontsize=7)
+    axes[0][0].set_ylabel("row 2l: block l attn, 2l+1: block l mlp", fontsize=7)
+    if image is not None:
+        fig.colorbar(image, ax=list(axes[0]), label="log10 mean |scale| (grey: 0 or absent)")
+    fig.suptitle(wrap(title, 150), fontsize=7)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_ratio_init_end(runs: list[dict], depth: int, path: str, *, title: str) -> None:
+    """‖scaled branch‖ / ‖stream‖ per layer at step 0 (dotted) and at the run's last evaluation (solid; its step in
+    the panel title), attention and MLP branches, one panel per run."""
+    plt = sweep.pyplot()
+    n = max(len(runs), 1)
+    fig, axes = plt.subplots(1, n, figsize=(2.8 * n, 3.6), squeeze=False, sharey=True)
+    for ax, r in zip(axes[0], runs):
+        end = r["evaluations"][-1]
+        for evaluation, line, when in ((r["evaluations"][0], ":", "init"), (end, "-", "end")):
+            rows = per_layer(evaluation, depth, "ratio")
+            for b, (branch, shade) in enumerate((("attn", 1.0), ("mlp", 0.55))):
+                values = [max(row[b], 1e-12) if row[b] is not None else math.nan for row in rows]
+                ax.plot(range(depth), values, linestyle=line, color=colour(r["scheme"]), alpha=shade,
+                        label=f"{branch}, {when}")
+        ax.set_yscale("log")
+        ax.set_title(f"{label(r['scheme'], r['warmup'])}, end = step {end['step']}"
+                     + (" (diverged)" if r["diverged"] else ""), fontsize=7)
+        ax.set_xlabel("block")
+    axes[0][0].set_ylabel("‖scaled branch‖ / ‖stream‖")
+    axes[0][-1].legend(fontsize=6)
+    fig.suptitle(wrap(title, 150), fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_budget_curves(curves: dict, chosen: int | None, path: str, *, title: str) -> None:
+    """Validation accuracy (%) against step of each budget cell (``{(scheme, warmup, depth): [(step, acc)]}``, the
+    mean over its seeds), the chosen step count as a vertical line and its last quarter shaded."""
+    plt = sweep.pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for (scheme, warmup, depth), curve in sorted(curves.items(), key=lambda kv: (kv[0][2], kv[0][0])):
+        steps, accs = zip(*curve)
+        ax.plot(steps, accs, color=colour(scheme), linestyle="-" if depth == max(c[2] for c in curves) else ":",
+                marker="o", markersize=2, label=f"{label(scheme, warmup)}, depth {depth}")
+    if chosen:
+        ax.axvline(chosen, color="black", linewidth=0.8)
+        ax.axvspan(0.75 * chosen, chosen, color="black", alpha=0.08, label="last quarter of the chosen budget")
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation accuracy (%), mean over seeds")
+    ax.set_title(wrap(title), fontsize=7)
+    _finish(fig, ax, path)
