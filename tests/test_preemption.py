@@ -1,11 +1,12 @@
 """Stop signals from the first second, through the CLI: a preemption notice (SIGTERM) to one process of two while the
-train step compiles stops both at one step, and before the distributed connect stops both before their first step;
-Ctrl-C while compiling ends in one line, a second Ctrl-C at once; and a run stopped between two logging steps logs
-the same records as an uninterrupted run.
+train step compiles stops both at one step, and one while it waits for the distributed connect stops both at one
+point; Ctrl-C or SIGTERM to one process while it compiles ends in one line, a second Ctrl-C at once; and a run
+stopped between two logging steps logs the same records as an uninterrupted run.
 
 "During compile" is found without a test-only option: JAX's own ``JAX_LOG_COMPILES=1`` logs "Compiling jit(NAME)"
 before each compilation, and the first compilation after the state's ``init_fn`` is the train step's.
 """
+import contextlib
 import os
 import re
 import signal
@@ -56,6 +57,17 @@ class Output:
         return "".join(line for line in self.lines if "Compiling" not in line and "compilation" not in line)
 
 
+@contextlib.contextmanager
+def running(procs):
+    """The processes' ``Output``s; those still running when the test ends (it failed) are killed."""
+    try:
+        yield [Output(p) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
 def stopped_steps(text: str) -> list[int]:
     return [int(step) for step in re.findall(r"stopped at step (\d+);", text)]
 
@@ -65,11 +77,11 @@ def test_sigterm_to_one_process_during_compile_stops_both_at_one_step_and_the_re
         monkeypatch.setenv(name, value)
     workdir = str(tmp_path / "sigterm")
     train = {"steps": 10_000, "checkpoint_every": 0}
-    outputs = [Output(p) for p in launch(workdir, *flags({"data": 4}, **train))]
-    outputs[1].wait_for_train_step_compile()
-    outputs[1].proc.send_signal(signal.SIGTERM)           # the non-primary process only, before its first step
-    signalled = time.monotonic()
-    texts = [out.finish() for out in outputs]
+    with running(launch(workdir, *flags({"data": 4}, **train))) as outputs:
+        outputs[1].wait_for_train_step_compile()
+        outputs[1].proc.send_signal(signal.SIGTERM)       # the non-primary process only, before its first step
+        signalled = time.monotonic()
+        texts = [out.finish() for out in outputs]
     assert [out.proc.returncode for out in outputs] == [0, 0], "\n\n".join(texts)
     assert time.monotonic() - signalled < 120             # neither trains on nor waits for a lost peer
     (stop,), (other,) = stopped_steps(texts[0]), stopped_steps(texts[1])
@@ -105,17 +117,17 @@ def test_sigterm_before_the_distributed_connect_stops_both_processes_at_one_poin
                                 devices=jax.devices()[:4])
     procs = launch(workdir, *flags({"data": 4}, **train))
     procs[0].send_signal(signal.SIGSTOP)                  # process 1 cannot connect while process 0 is stopped
-    outputs = [Output(p) for p in procs]
-    try:
-        deadline = time.monotonic() + 240
-        while not catches(procs[1].pid, signal.SIGTERM):  # its handler is installed: it is starting up
-            assert time.monotonic() < deadline and procs[1].poll() is None, outputs[1].text()
-            time.sleep(0.01)
-        procs[1].send_signal(signal.SIGTERM)
-    finally:
-        procs[0].send_signal(signal.SIGCONT)
-    resumed = time.monotonic()
-    texts = [out.finish() for out in outputs]
+    with running(procs) as outputs:
+        try:
+            deadline = time.monotonic() + 240
+            while not catches(procs[1].pid, signal.SIGTERM):   # its handler is installed: it is starting up
+                assert time.monotonic() < deadline and procs[1].poll() is None, outputs[1].text()
+                time.sleep(0.01)
+            procs[1].send_signal(signal.SIGTERM)
+        finally:
+            procs[0].send_signal(signal.SIGCONT)
+        resumed = time.monotonic()
+        texts = [out.finish() for out in outputs]
     assert [p.returncode for p in procs] == [0, 0], "\n\n".join(texts)
     assert time.monotonic() - resumed < 120               # not jax.distributed's 300 s connect timeout
     last_lines = {text.splitlines()[-1] for text in texts}
@@ -129,13 +141,14 @@ def test_sigterm_before_the_distributed_connect_stops_both_processes_at_one_poin
 
 def _signal_during_compile(workdir, *signals):
     env = dict(subprocess_env(), JAX_LOG_COMPILES="1", **NO_REEXEC)
-    out = Output(subprocess.Popen(cli(workdir, "--config.train.steps=10000"), env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True))
-    out.wait_for_train_step_compile()
-    for signum in signals:
-        out.proc.send_signal(signum)
-        time.sleep(0.05)
-    return out.finish(), out.proc.returncode
+    proc = subprocess.Popen(cli(workdir, "--config.train.steps=10000"), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    with running([proc]) as (out,):
+        out.wait_for_train_step_compile()
+        for signum in signals:
+            proc.send_signal(signum)
+            time.sleep(0.05)
+        return out.finish(), proc.returncode
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
