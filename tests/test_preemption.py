@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import pytest
 
+from layerscale_jax.runtime import StopSignals
 from layerscale_jax.train import loop as loop_lib
 
 from test_multihost import config, flags, launch, losses
@@ -186,3 +187,16 @@ def test_a_run_stopped_inside_a_logging_window_logs_the_records_of_an_uninterrup
     drop_timing = [{k: v for k, v in r.items() if k != "img_per_s"} for r in read_metrics(uninterrupted)]
     assert [{k: v for k, v in r.items() if k != "img_per_s"} for r in read_metrics(resumed)] == drop_timing
     assert [r["step"] for r in read_metrics(resumed) if "train_loss" in r] == [4, 8]
+
+
+def test_one_process_stops_at_its_next_sync_point_after_a_signal_and_a_second_ctrl_c_interrupts():
+    stop_signals = StopSignals()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with stop_signals:
+        assert not stop_signals.reached_sync_point(1)
+        signal.raise_signal(signal.SIGTERM)
+        assert stop_signals.received == "SIGTERM"
+        assert stop_signals.stopped_before(1) and stop_signals.reached_sync_point(2)
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
