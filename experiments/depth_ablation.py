@@ -5,36 +5,30 @@ The CaiT paper (Touvron et al., "Going deeper with Image Transformers", 2021, §
     x'  = x  + diag(λ1) · SA(LN(x))
     x'' = x' + diag(λ2) · FFN(LN(x'))        λ initialised to ε (0.1 up to depth 18, 1e-5 at 24, 1e-6 deeper)
 
-with plain pre-norm, a per-branch scalar, ReZero and SkipInit. This driver trains every cell of
+with plain pre-norm, a per-branch scalar, ReZero and SkipInit (the last two also without warm-up: CaiT's variant b),
+on the offline `digits` data, every hyper-parameter identical across columns except the one varied. The protocol
+(``--protocol``, outputs under ``experiments/results/depth_ablation_converged/<stage>/``) selects on the validation
+split only and reports test accuracy of final runs only:
 
-    depth ∈ {6, 12, 24, 48, 96} × scheme ∈ SCHEMES × seed ∈ {0, 1, 2}            (warm-up on)
-    + warm-up off for `none` and `layerscale` at the two largest depths
+    python experiments/depth_ablation.py --protocol budget   # step count: converged_step on validation curves
+    python experiments/depth_ablation.py --protocol rates    # rate per column × depth, bracketed (swept_rates)
+    python experiments/depth_ablation.py --protocol final    # FINAL_SEEDS seeds at both rate choices, train → test
 
-on the offline `digits` data (or any prepared TFDS image dataset: ``--dataset NAME``), with every hyper-parameter
-identical across schemes except the one varied (``SIZING`` and ``RECIPE`` below). Default (about 2 h on the idle
-2-core development CPU, 4.6 h measured while it was shared at load 7–8; re-time with ``--measure`` and change
-``SIZING.steps`` if it predicts more than 3 h):
+Each stage writes a run's record to ``<stage>/runs/<run id>.json`` when it ends and skips runs whose record exists,
+so a stopped stage resumes; ``--shard I/N`` trains every N-th run from the I-th (one of N machines), and the same
+command without ``--shard`` on the merged ``runs/`` folders trains what is missing and writes the outputs. A run
+whose loss or gradient norm turns non-finite stops there, recorded with ``diverged=True``. Outputs: ``budget.json``
+/ ``.md`` / ``budget_curves.png``; ``rates.json`` / ``.md``; per final protocol (``per_depth``, ``one_rate``)
+``table.md`` (mean and t-based 95% CI over converged runs, divergence counted apart), ``comparisons.md`` (Welch),
+``results.csv`` and the figures of ``depth_ablation_plots``.
 
-    python experiments/depth_ablation.py --out experiments/results/depth_ablation
-
-``--quick`` runs a tiny grid in minutes (to check the pipeline); ``--lr_sweep`` trains every scheme at one depth over
-``LR_SWEEP_RATES`` into ``OUT/lr_sweep/`` (how the shared learning rate is chosen); ``--per_scheme_lr`` then trains the
-grid with each scheme at its own best rate from that sweep, its runs beside the shared-rate ones in ``OUT/runs/`` (a
-scheme whose best rate is the shared one reuses them) and its outputs in ``OUT/per_scheme_lr/``. Each run's record is
-written to ``OUT/runs/<run id>.json`` when it ends; a run whose record exists is skipped, so the driver resumes across
-sessions. A run whose loss or gradient norm turns non-finite stops there and is recorded with ``diverged=True``.
-``--shard I/N`` trains only every N-th run from the I-th (one of N machines); the shards' ``OUT/runs/`` folders
-copied together are the whole grid's records (``--report`` then writes the outputs). The runner, statistics, tables
-and the accuracy plot are ``experiments/sweep.py``'s, one run's training is ``experiments/classifier_run.py``'s.
-
-Outputs (regenerated from all finished records at the end, or alone with ``--report``):
-``results.csv`` (one row per run), ``table.md`` (mean ± std test accuracy per depth × scheme),
-``acc_vs_depth.png``, ``loss_curves_depth<D>.png`` (largest depth), ``scale_heatmap_depth<D>.png`` (mean |λ| or
-|α| per layer × branch over training), ``ratio_init_end_depth<D>.png`` (‖scaled branch‖/‖stream‖ per layer at
-init and at the end).
-
-Per-run diagnostics come from ``layerscale_jax.train.diagnostics`` at step 0 and at every evaluation
-(``evaluation_record`` below is the function to call from a train loop).
+``--protocol early`` keeps the committed early-training grid reproducible (200 steps, ``SIZING``; depth ∈ {6, 12,
+24, 48, 96} × ``DEFAULT_SCHEMES`` × seeds {0, 1, 2} plus warm-up off for `none` and `layerscale` at 48 and 96;
+``--lr_sweep`` at depth 24 and ``--per_scheme_lr`` with rates chosen on *test* accuracy of seed 0 — superseded by
+the protocol). ``--measure`` times runs and prints the protocol's estimate; ``--imagenet_commands`` prints the same
+ablation at ImageNet scale. The runner and statistics are ``experiments/sweep.py``'s, one run's training is
+``experiments/classifier_run.py``'s (diagnostics from ``layerscale_jax.train.diagnostics`` at step 0 and every
+evaluation).
 """
 from __future__ import annotations
 
