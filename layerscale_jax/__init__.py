@@ -1,24 +1,29 @@
 """layerscale-jax: LayerScale (CaiT) and very deep Vision Transformers in JAX / Flax NNX.
 
 The data flows one way: ``layers`` → ``models`` → ``optim`` → ``data`` → ``train`` → ``experiments``.
-Importing the package never imports TensorFlow, nor ml_collections, TFDS or grain: the Python API for notebooks
-(``layerscale_jax.api``: ``load_config``, ``override_config``, ``fit``, ``load_run``, ``evaluate``, ``diagnose``,
-``example_batch``, ``Run``, ``TrainingInterrupted``) is importable from here and loads on first use.
+Importing the package imports nothing else: the names below load on first use — ``create_model`` and
+``list_models`` from ``layerscale_jax.models`` (jax, flax), and the Python API for notebooks from
+``layerscale_jax.api`` (``load_config``, ``override_config``, ``fit``, ``load_run``, ``evaluate``, ``diagnose``,
+``example_batch``, ``Run``, ``TrainingInterrupted``). So ``python -m layerscale_jax.train`` installs its stop-signal
+handlers before jax is imported, and nothing imports TensorFlow, ml_collections, TFDS or grain before it is used.
 """
-from layerscale_jax.models import create_model, list_models
-
 __version__ = "0.1.0"
+_MODELS = ("create_model", "list_models")
 _API = ("Run", "TrainingInterrupted", "diagnose", "evaluate", "example_batch", "fit", "load_config", "load_run",
         "override_config")
-__all__ = ["create_model", "list_models", "__version__", *_API]
+__all__ = ["__version__", *_MODELS, *_API]
 
 
 def __getattr__(name: str):
-    if name in _API:
-        from layerscale_jax import api
-        return getattr(api, name)
-    raise AttributeError(f"module 'layerscale_jax' has no attribute {name!r}")
+    if name in _MODELS:
+        from layerscale_jax import models as module
+    elif name in _API:
+        from layerscale_jax import api as module
+    else:
+        raise AttributeError(f"module 'layerscale_jax' has no attribute {name!r}")
+    value = globals()[name] = getattr(module, name)        # later lookups skip this function
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_API))
+    return sorted(set(globals()) | set(_MODELS) | set(_API))

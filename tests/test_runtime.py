@@ -37,3 +37,15 @@ def test_opting_out_keeps_the_process_as_started():
     env[runtime.OPT_OUT_VARIABLE] = "0"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["ran "]
+
+
+def test_the_train_command_reaches_its_stop_handlers_before_importing_jax():
+    """``python -m layerscale_jax.train`` runs the package ``__init__``s first: they must not import jax (seconds),
+    so a preemption notice in the first second already finds the handlers (``runtime.stop_signals``)."""
+    code = ("import sys, layerscale_jax, layerscale_jax.train, layerscale_jax.runtime\n"
+            "assert not [m for m in ('jax', 'flax', 'ml_collections') if m in sys.modules], sorted(sys.modules)\n"
+            "from layerscale_jax import create_model\n"
+            "from layerscale_jax.train import train_and_evaluate\n"
+            "assert 'jax' in sys.modules and callable(create_model) and callable(train_and_evaluate)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
