@@ -298,10 +298,11 @@ def budget_specs(columns=BUDGET_COLUMNS, depths=BUDGET_DEPTHS, seeds=BUDGET_SEED
     return [RunSpec(d, s, w, k, rate, "budget", steps) for k in seeds for d in depths for s, w in columns]
 
 
-def budget_sizing(steps: int = BUDGET_STEPS, eval_every: int = BUDGET_EVAL_EVERY) -> Sizing:
+def budget_sizing(sizing: Sizing, steps: int, eval_every: int) -> Sizing:
+    """``sizing`` for budget runs: ``steps`` steps with an evaluation every ``eval_every``."""
     if steps % eval_every:
         raise ValueError(f"--budget_steps={steps} must be a multiple of --budget_eval_every={eval_every}")
-    return dataclasses.replace(PROTOCOL_SIZING, steps=steps, evals=steps // eval_every)
+    return dataclasses.replace(sizing, steps=steps, evals=steps // eval_every)
 
 
 def accuracy_at(curve: list[tuple[int, float]], step: float) -> float:
@@ -896,21 +897,24 @@ def _load_rates(out: str) -> dict:
 
 
 def run_protocol(protocol: str, out: str, *, steps: int | None = None, columns=COLUMNS, depths=None, seeds=None,
-                 which_shard=None, report_only: bool = False, budget=None, sizing: Sizing = PROTOCOL_SIZING,
+                 which_shard=None, report_only: bool = False, budget=None, budget_columns=BUDGET_COLUMNS,
+                 sizing: Sizing = PROTOCOL_SIZING,
                  rate_start=RATE_LADDER_START, max_extensions=MAX_EXTENSIONS, tolerance: float = CONVERGENCE_POINTS,
                  command: str | None = None, log=print) -> dict[str, str]:
     """One stage of the protocol into ``out/<protocol>/`` (``budget``, ``rates``, ``final``): train what is missing
     (``which_shard``: this machine's share only, then stop), then write the stage's outputs from every finished
-    record. ``budget``: ``(steps, eval_every, rate)``; ``tolerance``: the budget criterion's points. Returns
+    record. ``budget``: ``(steps, eval_every, rate)`` of the ``budget_columns`` runs (those of them in
+    ``columns``); ``tolerance``: the budget criterion's points. Returns
     ``{what: path}`` (empty for a shard)."""
     stage = os.path.join(out, protocol)
     if protocol == "budget":
         b_steps, every, rate = budget or (BUDGET_STEPS, BUDGET_EVAL_EVERY, BUDGET_RATE)
-        b_columns = [c for c in BUDGET_COLUMNS if c in columns] if columns != COLUMNS else BUDGET_COLUMNS
+        b_columns = [c for c in budget_columns if c in columns]
+        if not b_columns:
+            raise ValueError(f"--schemes leaves none of the budget columns {[_label(*c) for c in budget_columns]}")
         specs = budget_specs(b_columns, depths or BUDGET_DEPTHS, seeds or BUDGET_SEEDS, b_steps, rate)
         if not report_only:
-            b_sizing = dataclasses.replace(sizing, steps=b_steps, evals=b_steps // every)
-            run_sweep(sweep.shard(specs, which_shard), b_sizing, stage, log=log)
+            run_sweep(sweep.shard(specs, which_shard), budget_sizing(sizing, b_steps, every), stage, log=log)
     elif protocol == "rates":
         steps = _steps_from_budget(out, steps)
         if not report_only:

@@ -5,6 +5,7 @@ every test, so the whole file costs a few compilations.
 """
 import csv
 import json
+import math
 import os
 import sys
 
@@ -326,17 +327,19 @@ def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):
     columns = (("layerscale", True), ("skipinit", False))
     tiny = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=0, evals=1, log_every=2)
     common = dict(columns=columns, depths=(1, 2), sizing=tiny, log=lambda *a: None)
-    budget = da.run_protocol("budget", out, seeds=(0,), budget=(4, 2, 1e-2), tolerance=100.0, **common)
+    budget = da.run_protocol("budget", out, seeds=(0,), budget=(4, 2, 1e-2), budget_columns=columns,
+                             tolerance=100.0, **common)
     assert json.load(open(budget["budget"]))["steps"] == 4          # step 2's ¾ precedes the first evaluation
     rates = da.run_protocol("rates", out, rate_start=(1e-2,), max_extensions=0, **common)
     chosen = da.rates_from_json(json.load(open(rates["rates"])))
     assert set(chosen["per_depth"]) == {c + (d,) for c in columns for d in (1, 2)}
     final = da.run_protocol("final", out, seeds=(0, 1), **common)
-    for stage, split, prefix in (("budget", "validation", "val"), ("rates", "validation", "val"),
-                                 ("final", "test", "test")):
+    assert len(da.load_records(os.path.join(out, "budget"))) == 2 * 2
+    for stage, splits, prefix in (("budget", ("train_without_validation", "validation"), "val"),
+                                  ("rates", ("train_without_validation", "validation"), "val"),
+                                  ("final", ("train", "test"), "test")):
         records = da.load_records(os.path.join(out, stage))
-        assert {(r["train_split"], r["eval_split"]) for r in records} == {
-            ("train", "test") if stage == "final" else ("train_without_validation", "validation")}, stage
+        assert {(r["train_split"], r["eval_split"]) for r in records} == {splits}, stage
         other = "test" if prefix == "val" else "val"
         assert all(f"final_{prefix}_accuracy" in r and f"final_{other}_accuracy" not in r for r in records)
     assert len(da.load_records(os.path.join(out, "final"))) == 2 * 2 * 2        # both protocols share the runs
@@ -416,3 +419,34 @@ def test_an_imagenet_command_trains_its_first_steps_on_fake_tfds_data(tmp_path):
         12, "rezero", 0)
     results = json.load(open(os.path.join(workdir, "results.json")))
     assert results["steps"] == 2 and results["val_examples"] == 8 and 0.0 <= results["val_accuracy"] <= 1.0
+
+
+def test_the_rate_sweep_runs_round_after_round_until_bracketed_and_a_shard_stops_after_its_share(monkeypatch,
+                                                                                                  tmp_path):
+    """Validation accuracy peaking at 2e-2 (above the start 1e-3 … 1e-2): the sweep adds 2e-2, then 5e-2, and stops
+    with 2e-2 inside. Shard 1/2 trains only its share of the plan its own records give (every other run of the
+    sorted plan); rerun without --shard on its records, the sweep trains exactly the rest."""
+    trained = []
+
+    def fake_train(spec, *args, **kwargs):
+        trained.append(spec.run_id)
+        accuracy = 1.0 - abs(math.log10(spec.learning_rate / 2e-2)) / 10
+        return {"run_id": spec.run_id, "protocol": spec.protocol, "scheme": spec.scheme, "warmup": spec.warmup,
+                "depth": spec.depth, "learning_rate": spec.learning_rate, "seed": spec.seed, "diverged": False,
+                "eval_split": "validation", "final_val_accuracy": accuracy, "seconds": 0.0}
+    monkeypatch.setattr(da, "train_run", fake_train)
+    columns, start = (("layerscale", True), ("rezero", False)), (1e-3, 1e-2)
+    out = str(tmp_path)
+    da.run_rate_sweep(out, 10, columns, (12,), which_shard=(1, 2), start=start, log=lambda *a: None)
+    # plan sorted by (depth, rate, scheme): layerscale 1e-3, rezero 1e-3, layerscale 1e-2, rezero 1e-2, then
+    # layerscale 2e-2 (its cell complete in this shard, best at the edge): this shard's are the 1st, 3rd, 5th
+    assert sorted((r["scheme"], r["learning_rate"]) for r in da.load_records(out)) == [
+        ("layerscale", 1e-3), ("layerscale", 1e-2), ("layerscale", 2e-2)]
+    shard_runs = list(trained)
+    records = da.run_rate_sweep(out, 10, columns, (12,), start=start, log=lambda *a: None)
+    assert not set(shard_runs) & set(trained[len(shard_runs):])           # nothing trained twice
+    assert len(trained) == len(records) == 2 * 4
+    assert sorted({r["learning_rate"] for r in records}) == [1e-3, 1e-2, 2e-2, 5e-2]
+    rates = da.best_learning_rates(records, columns, (12,), start=start)
+    assert rates["per_depth"] == {("layerscale", True, 12): 2e-2, ("rezero", False, 12): 2e-2}
+    assert all(rates["bracketed"].values())

@@ -130,3 +130,20 @@ def test_the_finetune_study_on_the_runner_reproduces_its_committed_table(tmp_pat
     fd.write_outputs(committed["runs"], mae, str(tmp_path), 1500, committed["finetune_steps"], [0, 1, 2])
     for name in ("table.md", "results.json"):
         assert (tmp_path / name).read_text() == open(os.path.join(results, name)).read(), name
+
+
+def test_the_trivial_mae_baseline_is_each_patchs_mean_prediction_by_hand(monkeypatch):
+    """Predicting each patch's mean costs, in norm-pix units, mean(t²) = (P−1)/P · var/(var + 1e-6) on a
+    non-constant P-pixel patch and 0 on a constant one; padded rows (mask False) do not count."""
+    import finetune_digits
+    import ml_collections
+
+    from layerscale_jax import data as data_lib
+    one = np.zeros((4, 4, 1), np.float32)
+    one[1, 1, 0] = 1.0                       # patch (0, 0) = [0, 0, 0, 1]: var = 0.25, mean(t²) = 0.75 · 0.25/0.250001
+    images = np.stack([one, np.full((4, 4, 1), 3.0, np.float32), one + 7.0])
+    batch = {"image": images, "mask": np.array([True, True, False])}
+    monkeypatch.setattr(data_lib, "make_eval_iterator", lambda *a, **k: iter([batch]))
+    config = ml_collections.ConfigDict({"data": {}, "model": {"patch_size": 2}, "train": {"eval_batch_size": 3}})
+    expected = (0.75 * 0.25 / (0.25 + 1e-6) / 4 + 0.0) / 2
+    assert finetune_digits.trivial_reconstruction_loss(config) == pytest.approx(expected, rel=1e-5)
