@@ -173,6 +173,19 @@ def _all_processes_ok(ok: bool) -> bool:
     return bool(np.all(multihost_utils.process_allgather(np.array([ok]))))
 
 
+class _Manager(ocp.CheckpointManager):
+    """orbax's manager, minus its own calls to JAX's preemption sync point.
+
+    orbax asks ``multihost_utils.reached_preemption_sync_point(step)`` for every step it saves and again from its
+    background finalize thread (for statistics only: our saves are forced). The sync point counts calls in step
+    order, and the train loop is its one caller (``runtime.StopSignals``, every step): a late call from another
+    thread with an older step could move a process's count back just as the processes agree on where to stop.
+    """
+
+    def reached_preemption(self, step: int) -> bool:
+        return False
+
+
 class Checkpointer:
     def __init__(self, directory, *, keep: int, best_metric: str = "test_accuracy", best_mode: str = "max"):
         """Keeps the newest ``keep`` checkpoints and the best by ``best_metric`` (``best_mode`` 'max': higher is
@@ -193,7 +206,7 @@ class Checkpointer:
             barrier_sync_fn=self._digest_then_barrier if jax.process_count() > 1 else None)
         options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=True,
                                                enable_async_checkpointing=True, async_options=async_options)
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.manager = _Manager(self.directory, options=options)
         for name in ("absl", "asyncio"):
             if _ORBAX_ERRORS_ON_ONE_LINE not in logging.getLogger(name).filters:
                 logging.getLogger(name).addFilter(_ORBAX_ERRORS_ON_ONE_LINE)
