@@ -79,8 +79,8 @@ class StopSignals:
       Ctrl-C, is passed on to it by raising SIGTERM (right after ``initialize``, and at the next sync point). The
       notifier tells the coordination service; a background protocol then takes the highest step any process has
       asked about and makes the next one the sync point (within about a second; each question is a mutex lock, no
-      device sync). The step numbers are those that orbax's ``CheckpointManager.save`` asks about too, so its calls
-      fit into the sequence;
+      device sync). The loop is the only caller (the Checkpointer's orbax manager does not ask), so the count
+      only ever moves forward, one step at a time;
     - ``jax.distributed`` without the preemption service: the processes' flags all-gathered at every sync point.
     """
 
