@@ -151,3 +151,23 @@ def test_mae_pretraining_runs_in_the_train_loop_on_a_sharded_mesh(tmp_path, caps
     assert f"| test_loss {results['test_loss']:.4g} |" in capsys.readouterr().err      # on the console's line
     assert (tmp_path / "reconstructions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "results.json").read_text())["test_examples"] == 16
+
+
+def test_reconstruction_png_names_each_row_on_its_left():
+    import io
+
+    from PIL import Image
+
+    from layerscale_jax.train.tasks import RECONSTRUCTION_ROWS, reconstruction_png
+
+    images = np.zeros((4, 3, 8, 8, 1), np.float32)             # normalised 0 → grey 0.5 with mean 0.5, std 1
+    png = Image.open(io.BytesIO(reconstruction_png(images, (0.5,), (1.0,), scale=8)))
+    pixels = np.asarray(png)
+    grid_width = 3 * 64 + 2 * 2
+    margin = pixels[:, : png.width - grid_width]
+    assert png.width > grid_width and pixels.shape[0] == 4 * 64 + 3 * 2
+    assert set(np.unique(pixels[:, png.width - grid_width:])) == {128, 255}   # grey images, white gaps: no text
+    for r in range(len(RECONSTRUCTION_ROWS)):                        # dark text in every row's band of the margin
+        assert (margin[r * 66:r * 66 + 64] < 100).sum() > 20
+    with pytest.raises(ValueError, match="4 rows of images but 2 labels"):
+        reconstruction_png(images, (0.5,), (1.0,), labels=("a", "b"))

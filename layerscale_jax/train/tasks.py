@@ -138,14 +138,21 @@ def reconstruction_images(trainer, params) -> np.ndarray:
     return np.asarray(jax.device_get(fn(params, batch["image"])))
 
 
-def reconstruction_png(images: np.ndarray, mean, std, scale: int | None = None) -> bytes:
+RECONSTRUCTION_ROWS = ("original", "masked input", "reconstruction", "visible pasted")
+
+
+def reconstruction_png(images: np.ndarray, mean, std, scale: int | None = None,
+                       labels: tuple[str, ...] = RECONSTRUCTION_ROWS) -> bytes:
     """A PNG grid of ``(rows, n, H, W, C)`` normalised images (un-normalised with ``mean``/``std``), each image
-    enlarged ``scale``× (nearest; default to about 64 pixels) with a 2-pixel gap."""
+    enlarged ``scale``× (nearest; default to about 64 pixels) with a 2-pixel gap, each row named on its left by
+    ``labels`` (the rows of ``reconstruction_images``)."""
     import io
 
-    from PIL import Image
+    from PIL import Image, ImageDraw
 
     rows, n, h, w, c = images.shape
+    if len(labels) != rows:
+        raise ValueError(f"{rows} rows of images but {len(labels)} labels: {labels}")
     scale = scale or max(1, 64 // max(h, w))
     pixels = np.clip(images * np.asarray(std, np.float32) + np.asarray(mean, np.float32), 0.0, 1.0)
     pixels = np.repeat(np.repeat(pixels, scale, axis=2), scale, axis=3)
@@ -156,7 +163,14 @@ def reconstruction_png(images: np.ndarray, mean, std, scale: int | None = None) 
         for i in range(n):
             canvas[r * (H + gap):r * (H + gap) + H, i * (W + gap):i * (W + gap) + W] = pixels[r, i]
     array = (canvas * 255).round().astype(np.uint8)
-    image = Image.fromarray(array[..., 0] if c == 1 else array)
+    grid = Image.fromarray(array[..., 0] if c == 1 else array)
+    draw = ImageDraw.Draw(grid)
+    margin = 8 + max(int(draw.textlength(label)) for label in labels)
+    image = Image.new(grid.mode, (grid.width + margin, grid.height), 255 if c == 1 else (255,) * 3)
+    image.paste(grid, (margin, 0))
+    draw = ImageDraw.Draw(image)
+    for r, label in enumerate(labels):
+        draw.text((margin - 4, r * (H + gap) + H // 2), label, fill=0 if c == 1 else (0,) * 3, anchor="rm")
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
