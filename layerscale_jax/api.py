@@ -27,10 +27,12 @@ from typing import Any, Mapping
 import jax
 import ml_collections
 import numpy as np
+from etils import epath
 from flax import nnx
 
 from layerscale_jax.cli import UserError
 from layerscale_jax.train import config as config_lib
+from layerscale_jax.train.workdir import metrics_lines
 
 __all__ = ["Run", "TrainingInterrupted", "diagnose", "evaluate", "example_batch", "fit", "load_config", "load_run",
            "override_config"]
@@ -135,12 +137,15 @@ def load_config(spec: str, overrides: Mapping[str, Any] | None = None,
 # ---------------------------------------------------------------------------------------------------------------
 # Training and loading runs.
 
-def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *, ema: bool | None = None) -> Run:
+def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *, ema: bool | None = None,
+        restart: bool = False) -> Run:
     """Train ``config`` in this process, as ``python -m layerscale_jax.train`` would, and return the ``Run``.
 
     ``workdir``: the run's local directory; an existing one is resumed from its newest checkpoint (a finished one is
     returned without training; one of a different config is refused), None makes a new temporary directory (kept:
-    delete ``run.workdir`` when done). ``ema`` chooses the model's weights as in ``load_run``.
+    delete ``run.workdir`` when done). ``ema`` chooses the model's weights as in ``load_run``. ``restart=True``
+    starts over in a workdir that holds an earlier run without a usable checkpoint (the CLI's ``--restart``: its
+    files move to ``WORKDIR/previous/<time>/``).
 
     Progress is one updating line. Ctrl-C (or SIGTERM) stops at the next step boundary, saves a checkpoint (when
     there is new state) and raises ``TrainingInterrupted`` naming the workdir; a second Ctrl-C stops at once. A
@@ -157,7 +162,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *,
         start_step = workdir_checkpoint(workdir)[0]
     except (FileNotFoundError, ValueError):
         start_step = 0
-    results = train_and_evaluate(config, workdir)
+    results = train_and_evaluate(config, workdir, restart=restart)
     stopped = results.get("preempted_at_step")
     slot = config.train.stop_after_steps
     if stopped is not None and not (slot and stopped - start_step >= slot):
@@ -188,9 +193,9 @@ def load_run(workdir: str | Path, *, step: int | None = None, ema: bool | None =
         if results.get("steps") != step:
             results = None
     history = []
-    if (workdir / "metrics.jsonl").is_file():
-        with open(workdir / "metrics.jsonl") as f:
-            history = [record for record in map(json.loads, f) if record["step"] <= step]
+    if (workdir / "metrics.jsonl").is_file():         # a torn last line is dropped with a warning
+        history = [record for _, record in metrics_lines(epath.Path(workdir) / "metrics.jsonl")
+                   if record["step"] <= step]
     config = ml_collections.ConfigDict(workdir_config(workdir, step))
     return Run(config=config, model=model, step=step, results=results, history=history, workdir=workdir)
 

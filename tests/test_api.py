@@ -203,3 +203,23 @@ def test_progress_watched_live_is_one_line_updated_in_place(tmp_path, monkeypatc
     assert shown.count("\n") == 1 and shown.endswith("\n") and shown.count("\r") == 3
     last = shown.rsplit("\r", 1)[1]
     assert "4/4" in last and "train_loss 1.5" in last and "test_accuracy 0.25" in last   # newest of each
+
+
+def test_a_torn_metrics_line_is_dropped_and_restart_starts_over_where_no_checkpoint_is_usable(ema_run, tmp_path):
+    import shutil
+
+    from layerscale_jax.train.workdir import WorkdirError
+
+    workdir = tmp_path / "run"
+    shutil.copytree(ema_run.workdir, workdir)
+    with open(workdir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 13, "train_lo')                           # the disk filled in the middle of a line
+    assert lsj.load_run(workdir).history == ema_run.history
+    shutil.rmtree(workdir / "checkpoints")                           # an earlier run's logs, no checkpoint
+    config = tiny_config(optim={"ema_decay": 0.5})
+    with pytest.raises(WorkdirError, match="--restart"):
+        lsj.fit(config, workdir)
+    run = lsj.fit(config, workdir, restart=True)
+    assert run.results == {**ema_run.results, "train_seconds": run.results["train_seconds"]}
+    (previous,) = (workdir / "previous").iterdir()
+    assert (previous / "metrics.jsonl").exists()
