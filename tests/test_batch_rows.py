@@ -14,7 +14,8 @@ from layerscale_jax import data
 from layerscale_jax.data.sharding import batch_sharding, device_rows, read_plan, row_indices
 from layerscale_jax.train.sharding import MESH_AXES
 
-from test_data import assert_same_batches, synthetic_config, take, toy_source_with_bad_records  # noqa: F401
+from test_data import (assert_same_batches, states_and_batches, synthetic_config, take,  # noqa: F401
+                       toy_source_with_bad_records)
 
 G = 16
 SHAPES = [(8, 1, 1), (1, 8, 1), (2, 4, 1), (4, 1, 2), (2, 2, 2), (1, 1, 8)]
@@ -94,13 +95,7 @@ def test_resume_inside_a_refilled_batch_is_exact_with_row_blocks(toy_source_with
     cfg = data.default_data_config("digits")
     cfg.cache, cfg.skip_bad_records = False, True
     rows = [(0, 2), (4, 6)]
-    it = data.make_train_iterator(cfg, global_batch_size=8, seed=1, rows=rows)
-    states, batches = [], []
-    for _ in range(16):
-        states.append(it.get_state())
-        batches.append(next(it))
-    it.close()
-    step = next(i for i, s in enumerate(states) if s["offset"] > 0)  # a state in the middle of a batch
+    states, batches, step = states_and_batches(cfg, 16, global_batch_size=8, seed=1, rows=rows)
     resumed = data.make_train_iterator(cfg, global_batch_size=8, seed=1, rows=rows)
     resumed.set_state(json.loads(json.dumps(states[step])))
     assert_same_batches(take(resumed, 16 - step), batches[step:])
@@ -114,13 +109,8 @@ def test_a_state_saved_with_one_contiguous_row_range_still_loads(toy_source_with
     """Train-iterator states written before rows could be several blocks hold ``"rows": [lo, hi]``."""
     cfg = data.default_data_config("digits")
     cfg.cache, cfg.skip_bad_records = False, True
-    it = data.make_train_iterator(cfg, global_batch_size=4, seed=1, process_index=0, process_count=1)
-    states, batches = [], []
-    for _ in range(16):
-        states.append(it.get_state())
-        batches.append(next(it))
-    it.close()
-    step = next(i for i, s in enumerate(states) if s["offset"] > 0)
+    states, batches, step = states_and_batches(cfg, 16, global_batch_size=4, seed=1, process_index=0,
+                                               process_count=1)
     old = dict(states[step], rows=[0, 4])
     resumed = data.make_train_iterator(cfg, global_batch_size=4, seed=1, rows=[(0, 4)])
     resumed.set_state(json.loads(json.dumps(old)))

@@ -514,16 +514,23 @@ def test_skipped_bad_records_are_counted_and_batches_stay_full(toy_source_with_b
     assert (masked, ev.bad_records) == (18, 2)
 
 
-def test_resume_inside_a_refilled_batch_is_exact(toy_source_with_bad_records):
-    cfg = data.default_data_config("digits")
-    cfg.cache, cfg.skip_bad_records = False, True
-    it = data.make_train_iterator(cfg, global_batch_size=4, seed=1, process_index=0, process_count=1)
+def states_and_batches(cfg, n, **iterator_args):
+    """``(states, batches, step)``: the first ``n`` train batches with the state before each, and the index of the
+    first state in the middle of a refilled batch (``offset > 0``)."""
+    it = data.make_train_iterator(cfg, **iterator_args)
     states, batches = [], []
-    for _ in range(16):
+    for _ in range(n):
         states.append(it.get_state())
         batches.append(next(it))
     it.close()
-    step = next(i for i, s in enumerate(states) if s["offset"] > 0)  # a state in the middle of a batch
+    return states, batches, next(i for i, s in enumerate(states) if s["offset"] > 0)
+
+
+def test_resume_inside_a_refilled_batch_is_exact(toy_source_with_bad_records):
+    cfg = data.default_data_config("digits")
+    cfg.cache, cfg.skip_bad_records = False, True
+    states, batches, step = states_and_batches(cfg, 16, global_batch_size=4, seed=1, process_index=0,
+                                               process_count=1)
     resumed = data.make_train_iterator(cfg, global_batch_size=4, seed=1, process_index=0, process_count=1)
     resumed.set_state(json.loads(json.dumps(states[step])))
     assert_same_batches(take(resumed, 16 - step), batches[step:])
