@@ -26,7 +26,8 @@ whose loss or gradient norm turns non-finite stops there, recorded with ``diverg
 24, 48, 96} × ``DEFAULT_SCHEMES`` × seeds {0, 1, 2} plus warm-up off for `none` and `layerscale` at 48 and 96;
 ``--lr_sweep`` at depth 24 and ``--per_scheme_lr`` with rates chosen on *test* accuracy of seed 0 — superseded by
 the protocol). ``--measure`` times runs and prints the protocol's estimate; ``--imagenet_commands`` prints the same
-ablation at ImageNet scale. The runner and statistics are ``experiments/sweep.py``'s, one run's training is
+ablation at ImageNet scale. The runner and statistics are ``experiments/sweep.py``'s, the choices on validation
+and the reports on test ``experiments/validation_protocol.py``'s, one run's training is
 ``experiments/classifier_run.py``'s (diagnostics from ``layerscale_jax.train.diagnostics`` at step 0 and every
 evaluation).
 """
@@ -38,13 +39,13 @@ import importlib.util
 import json
 import math
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import classifier_run  # noqa: E402  (one run: training, evaluations, diagnostics, divergence)
 import depth_ablation_plots as plots  # noqa: E402  (the study's figures and its palette)
 import sweep  # noqa: E402  (records, resume, shards, ETA, statistics, tables, plots)
+import validation_protocol as vp  # noqa: E402  (split discipline, rate bracketing, convergence, CI and Welch tables)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "digits_layerscale.py")
@@ -117,6 +118,7 @@ PROTOCOL_SPLITS = {"early": FINAL_SPLITS, "budget": SELECTION_SPLITS, "rates": S
 PROTOCOL_SIZING = Sizing(embed_dim=32, num_heads=2, batch_size=64, steps=0, evals=5, log_every=10)
 # Columns: (scheme, warm-up). ReZero and SkipInit also without warm-up: CaiT's variant (b) (Table 1).
 COLUMNS = tuple((s, True) for s in DEFAULT_SCHEMES) + (("rezero", False), ("skipinit", False))
+REFERENCE = ("layerscale", True)   # the column the comparisons test every other column against
 BUDGET_COLUMNS = (("layerscale", True), ("skipinit", True))
 BUDGET_DEPTHS = (24, 96)
 BUDGET_STEPS = 3000
@@ -274,25 +276,12 @@ def run_sweep(specs: list[RunSpec], sizing: Sizing, out: str, dataset: str = "di
     sweep.enable_compilation_cache()
     return sweep.run(specs, lambda spec: train_run(spec, sizing, dataset, data_dir, overrides), out,
                      cost=lambda spec: spec.depth, log=log,
-                     outcome=lambda r: f"{r.get('eval_split', 'test')} acc {accuracy(r):.4f}")
+                     outcome=lambda r: f"{r.get('eval_split', 'test')} acc {vp.accuracy(r):.4f}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The protocol: budget → rates → final
 # ---------------------------------------------------------------------------------------------------------------
-def accuracy(record: dict) -> float:
-    """The run's final accuracy on the split it evaluated (``final_test_accuracy`` or ``final_val_accuracy``)."""
-    return record["final_test_accuracy" if record.get("eval_split", "test") == "test" else "final_val_accuracy"]
-
-
-def require_validation(records: list[dict], what: str) -> None:
-    """Selections are made on validation only: a record that evaluated another split is an error naming it."""
-    wrong = sorted({r["run_id"] for r in records if r.get("eval_split") != "validation"})
-    if wrong:
-        raise ValueError(f"{what} selects on the validation split only; these runs evaluated another split: "
-                         f"{wrong[:3]}{' …' if len(wrong) > 3 else ''}")
-
-
 def budget_specs(columns=BUDGET_COLUMNS, depths=BUDGET_DEPTHS, seeds=BUDGET_SEEDS, steps=BUDGET_STEPS,
                  rate=BUDGET_RATE) -> list[RunSpec]:
     return [RunSpec(d, s, w, k, rate, "budget", steps) for k in seeds for d in depths for s, w in columns]
@@ -305,46 +294,14 @@ def budget_sizing(sizing: Sizing, steps: int, eval_every: int) -> Sizing:
     return dataclasses.replace(sizing, steps=steps, evals=steps // eval_every)
 
 
-def accuracy_at(curve: list[tuple[int, float]], step: float) -> float:
-    """The curve's value at ``step``, linear between evaluations (a curve starts at its first evaluation)."""
-    steps = [s for s, _ in curve]
-    if step <= steps[0]:
-        return curve[0][1]
-    for (s0, a0), (s1, a1) in zip(curve, curve[1:]):
-        if s0 <= step <= s1:
-            return a0 + (a1 - a0) * (step - s0) / (s1 - s0)
-    return curve[-1][1]
-
-
-def converged_step(curve: list[tuple[int, float]], tolerance: float = CONVERGENCE_POINTS) -> int | None:
-    """The budget criterion on one accuracy curve (%, ``[(step, accuracy)]``): the first evaluated step ``t`` such
-    that for ``t`` and every later evaluated step ``t'``, |acc(t') − acc(¾ t')| < ``tolerance`` (acc between
-    evaluations by linear interpolation), i.e. the accuracy changes by less than ``tolerance`` points over the last
-    quarter of a run of ``t'`` steps, from ``t`` on (a step whose ¾ precedes the first evaluation cannot qualify).
-    None: not converged within the curve."""
-    ok = [0.75 * s >= curve[0][0] and abs(a - accuracy_at(curve, 0.75 * s)) < tolerance for s, a in curve]
-    for i, (step, _) in enumerate(curve):
-        if all(ok[i:]):
-            return step
-    return None
-
-
 def budget_curves(records: list[dict]) -> dict[tuple[str, bool, int], list[tuple[int, float]]]:
     """``{(scheme, warm-up, depth): [(step, validation accuracy %)]}``, the mean over the cell's seeds. A diverged
     budget run is an error: its curve cannot say when training converges (choose a lower --budget_rate)."""
-    require_validation(records, "--protocol budget")
+    vp.require_validation(records, "--protocol budget")
     diverged = [r["run_id"] for r in records if r["diverged"]]
     if diverged:
         raise ValueError(f"budget runs diverged: {diverged}; choose a lower --budget_rate")
-    cells: dict = {}
-    for r in records:
-        curve = [(e["step"], 100 * e["val_accuracy"]) for e in r["evaluations"] if "val_accuracy" in e]
-        cells.setdefault((r["scheme"], r["warmup"], r["depth"]), []).append(dict(curve))
-    curves = {}
-    for cell, runs in cells.items():
-        steps = sorted(set.intersection(*(set(run) for run in runs)))
-        curves[cell] = [(s, sum(run[s] for run in runs) / len(runs)) for s in steps]
-    return curves
+    return vp.mean_validation_curves(records, lambda r: (r["scheme"], r["warmup"], r["depth"]))
 
 
 def choose_budget(records: list[dict], tolerance: float = CONVERGENCE_POINTS) -> dict:
@@ -354,7 +311,7 @@ def choose_budget(records: list[dict], tolerance: float = CONVERGENCE_POINTS) ->
     curves = budget_curves(records)
     if not curves:
         raise ValueError("--protocol budget: no finished budget runs")
-    cells = {f"{_label(s, w)}, depth {d}": converged_step(c, tolerance) for (s, w, d), c in sorted(curves.items())}
+    cells = {f"{_label(s, w)}, depth {d}": vp.converged_step(c, tolerance) for (s, w, d), c in sorted(curves.items())}
     late = [cell for cell, step in cells.items() if step is None]
     if late:
         raise ValueError(f"validation accuracy still changes by ≥ {tolerance} points over the last quarter at the "
@@ -362,44 +319,8 @@ def choose_budget(records: list[dict], tolerance: float = CONVERGENCE_POINTS) ->
     return {"steps": max(cells.values()), "cells": cells, "tolerance_points": tolerance}
 
 
-def ladder(rate: float, direction: int) -> float:
-    """The next rate up (+1) or down (−1) the 1-2-5 ladder (…, 5e-3, 1e-2, 2e-2, 5e-2, …)."""
-    exponent = math.floor(math.log10(rate) + 1e-9)
-    mantissa = round(rate / 10 ** exponent, 6)
-    rungs = (1.0, 2.0, 5.0)
-    i = min(range(3), key=lambda j: abs(rungs[j] - mantissa)) + direction
-    return float(f"{rungs[i % 3]}e{exponent + i // 3}")
-
-
-def best_rate(records: list[dict]) -> float | None:
-    """The rate of the highest final validation accuracy among runs that did not diverge (ties: the lower rate);
-    None when every run diverged."""
-    require_validation(records, "best_rate")
-    runs = [r for r in records if not r["diverged"]]
-    return max(runs, key=lambda r: (accuracy(r), -r["learning_rate"]))["learning_rate"] if runs else None
-
-
 def _cell_records(records, scheme, warmup, depth):
     return [r for r in records if (r["scheme"], r["warmup"], r["depth"]) == (scheme, warmup, depth)]
-
-
-def swept_rates(cell_records: list[dict], start=RATE_LADDER_START, max_extensions=MAX_EXTENSIONS) -> list[float]:
-    """The rates a cell's sweep needs, given its finished runs: ``start``, then while every rate so far has a run
-    and the best one (``best_rate``) is the highest (lowest) swept, the next rate up (down) the ladder; when every
-    run diverged, the next one down. At most ``max_extensions`` rates beyond ``start``."""
-    rates = sorted(start)
-    done = {r["learning_rate"]: r for r in cell_records}
-    for _ in range(max_extensions):
-        if any(not any(math.isclose(rate, d) for d in done) for rate in rates):
-            break                                  # this round's runs are not all finished yet
-        best = best_rate([r for r in cell_records if any(math.isclose(r["learning_rate"], x) for x in rates)])
-        if best is None or math.isclose(best, rates[0]):
-            rates.insert(0, ladder(rates[0], -1))
-        elif math.isclose(best, rates[-1]):
-            rates.append(ladder(rates[-1], +1))
-        else:
-            break
-    return rates
 
 
 def rate_specs(records: list[dict], steps: int, columns=COLUMNS, depths=RATE_DEPTHS, seed: int = 0,
@@ -407,7 +328,7 @@ def rate_specs(records: list[dict], steps: int, columns=COLUMNS, depths=RATE_DEP
     """Every run of the rate sweep the finished ``records`` call for (``swept_rates`` per column × depth):
     deterministic in the records, so a resumed sweep or another shard with the same records plans the same runs."""
     specs = [RunSpec(d, s, w, seed, lr, "rates", steps) for d in depths for s, w in columns
-             for lr in swept_rates(_cell_records(records, s, w, d), start, max_extensions)]
+             for lr in vp.swept_rates(_cell_records(records, s, w, d), start, max_extensions)]
     return sorted(specs, key=lambda r: (r.depth, r.learning_rate, r.scheme, not r.warmup))
 
 
@@ -433,23 +354,23 @@ def best_learning_rates(records: list[dict], columns=COLUMNS, depths=RATE_DEPTHS
     swept at every depth with the highest mean final validation accuracy over the depths, a diverged run counting
     0 (ties: the lower rate); ``bracketed[...]``: whether the cell's best rate is strictly inside its swept range.
     A cell whose sweep is unfinished, or whose runs all diverged, is a ValueError naming it."""
-    require_validation(records, "best_learning_rates")
+    vp.require_validation(records, "best_learning_rates")
     per_depth, bracketed, one_rate = {}, {}, {}
     for scheme, warmup in columns:
         by_depth = {}
         for depth in depths:
             mine = _cell_records(records, scheme, warmup, depth)
-            wanted = swept_rates(mine, start, max_extensions)
+            wanted = vp.swept_rates(mine, start, max_extensions)
             have = [r for r in mine if any(math.isclose(r["learning_rate"], x) for x in wanted)]
             if len(have) < len(wanted):
                 raise ValueError(f"rate sweep of {_label(scheme, warmup)} at depth {depth} is unfinished "
                                  f"({len(have)}/{len(wanted)} runs); run --protocol rates again")
-            best = best_rate(have)
+            best = vp.best_rate(have)
             if best is None:
                 raise ValueError(f"every rate of {_label(scheme, warmup)} at depth {depth} diverged: {wanted}")
             per_depth[(scheme, warmup, depth)] = best
             bracketed[(scheme, warmup, depth)] = wanted[0] < best < wanted[-1]
-            by_depth[depth] = {r["learning_rate"]: (0.0 if r["diverged"] else accuracy(r)) for r in have}
+            by_depth[depth] = {r["learning_rate"]: (0.0 if r["diverged"] else vp.accuracy(r)) for r in have}
         common = set.intersection(*(set(v) for v in by_depth.values()))
         one_rate[(scheme, warmup)] = max(sorted(common), key=lambda lr: (sum(v[lr] for v in by_depth.values()),
                                                                          -lr))
@@ -477,11 +398,6 @@ def final_records(records: list[dict], rates: dict, which: str) -> list[dict]:
         lr = rates["per_depth"].get(key + (r["depth"],)) if which == "per_depth" else rates["one_rate"].get(key)
         return lr is not None and math.isclose(r["learning_rate"], lr)
     return [r for r in records if r.get("protocol") == "final" and wanted(r)]
-
-
-def save_json(path: str, obj) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    sweep.write_json_atomically(path, obj)
 
 
 def rates_to_json(rates: dict) -> dict:
@@ -550,79 +466,10 @@ def write_lr_table(records: list[dict], path: str, command: str | None = None) -
     return table
 
 
-CI_METHOD = ("mean [95% CI] of the final accuracy (%) over the runs that did not diverge; CI = mean ± "
-             "t(0.975, n−1)·s/√n (Student's t, s the sample standard deviation); diverged runs are counted "
-             "separately and never enter a mean; \"(1 run)\": no interval can be stated")
-
-
-def require_reportable(records: list[dict]) -> None:
-    """Test numbers are tabulated only from runs that were not used for any choice: ``final`` runs (or the
-    committed ``early`` grid, whose tables say that its rates were chosen on test accuracy). Anything else is a
-    ValueError naming a run."""
-    wrong = [r["run_id"] for r in records
-             if r.get("protocol", "early") not in ("final", "early") or r.get("eval_split", "test") != "test"]
-    if wrong:
-        raise ValueError(f"a table of test accuracy takes final-protocol runs only; not final: {wrong[:3]}")
-
-
-def ci_cell(records: list[dict]) -> str:
-    """``mean [low, high]`` (%) over the converged runs, then ``k/n diverged`` when k > 0."""
-    converged = [100 * accuracy(r) for r in records if not r["diverged"]]
-    diverged = sum(r["diverged"] for r in records)
-    if not records:
-        return "–"
-    text = ""
-    if converged:
-        s = sweep.summarise(converged)
-        text = f"{s.mean:.1f} [{s.ci_low:.1f}, {s.ci_high:.1f}]" if s.n > 1 else f"{s.mean:.1f} (1 run)"
-    if diverged:
-        text += ("; " if text else "") + f"{diverged}/{len(records)} diverged"
-    return text
-
-
-def write_ci_table(records: list[dict], path: str, title: str) -> str:
-    """Depth × column table of ``ci_cell`` (test accuracy; final runs only, ``require_reportable``), the method
-    stated under it."""
-    require_reportable(records)
-    columns = _column_names(records)
-    depths = sorted({r["depth"] for r in records})
-    table = sweep.markdown_table(["depth"] + [_label(*c) for c in columns], (
-        [depth] + [ci_cell([r for r in records if r["depth"] == depth and (r["scheme"], r["warmup"]) == c])
-                   for c in columns] for depth in depths))
-    with open(path, "w") as f:
-        f.write(f"{title}\n\n{table}\n{CI_METHOD}.\n")
-    return table
-
-
-def write_comparisons(records: list[dict], path: str, title: str, reference=("layerscale", True)) -> str:
-    """Per depth, ``reference`` against every other column: difference of mean test accuracy (points, over
-    converged runs), Welch's t, its degrees of freedom and two-sided p (``sweep.welch``), and the runs that
-    entered (converged/all). A comparison with fewer than 2 converged runs on a side has no test (``–``)."""
-    require_reportable(records)
-    rows = []
-    for depth in sorted({r["depth"] for r in records}):
-        ref = _cell_records(records, *reference, depth)
-        a = [100 * accuracy(r) for r in ref if not r["diverged"]]
-        for column in _column_names(records):
-            if column == tuple(reference):
-                continue
-            other = _cell_records(records, *column, depth)
-            if not other or not ref:
-                continue
-            b = [100 * accuracy(r) for r in other if not r["diverged"]]
-            counts = f"{len(a)}/{len(ref)} vs {len(b)}/{len(other)}"
-            if len(a) < 2 or len(b) < 2:
-                rows.append([depth, _label(*column), "–", "–", "–", "–", counts])
-                continue
-            w = sweep.welch(a, b)
-            rows.append([depth, _label(*column), f"{statistics.mean(a) - statistics.mean(b):+.1f}", f"{w.t:.2f}",
-                         f"{w.dof:.1f}", f"{w.p:.3g}", counts])
-    table = sweep.markdown_table(["depth", f"{_label(*reference)} vs", "difference of means (points)", "Welch t",
-                                  "df", "p (two-sided)", "converged/runs"], rows)
-    with open(path, "w") as f:
-        f.write(f"{title}\n\n{table}\nWelch's unequal-variance t-test on the final test accuracy of the converged "
-                f"runs (scipy.stats.ttest_ind, equal_var=False); no correction for the number of comparisons.\n")
-    return table
+def layout(records: list[dict]) -> vp.Layout:
+    """The study's reports: depth × (scheme, warm-up) column (``_column_names``), the final accuracy in %."""
+    return vp.Layout("depth", lambda r: r["depth"], lambda r: (r["scheme"], r["warmup"]), _column_names(records),
+                     lambda c: _label(*c), lambda r: 100 * vp.accuracy(r))
 
 
 def describe(records: list[dict], protocol: str, rates: str) -> str:
@@ -638,8 +485,9 @@ def write_figures(records: list[dict], report_dir: str, title: str) -> dict[str,
     """The accuracy-vs-depth figure and, at the largest depth, loss curves, scale heat map and branch ratios."""
     prefix = "test" if records[0].get("eval_split", "test") == "test" else "validation"
     paths = {"acc_vs_depth": os.path.join(report_dir, "acc_vs_depth.png")}
-    plots.plot_accuracy_vs_depth(records, _column_names(records), lambda r: 100 * accuracy(r), paths["acc_vs_depth"],
-                                 title=title, ylabel=f"final {prefix} accuracy (%): seeds, mean, 95% CI")
+    plots.plot_accuracy_vs_depth(records, _column_names(records), lambda r: 100 * vp.accuracy(r),
+                                 paths["acc_vs_depth"], title=title,
+                                 ylabel=f"final {prefix} accuracy (%): seeds, mean, 95% CI")
     deepest = max(r["depth"] for r in records)
     first = _first_seed(records, deepest)
     paths["loss_curves"] = os.path.join(report_dir, f"loss_curves_depth{deepest}.png")
@@ -667,7 +515,7 @@ def write_budget_report(out: str, tolerance: float = CONVERGENCE_POINTS) -> dict
     ``budget_curves.png`` from the budget runs in ``out``."""
     records = load_records(out)
     choice = choose_budget(records, tolerance)
-    save_json(os.path.join(out, "budget.json"), choice)
+    sweep.save_json(os.path.join(out, "budget.json"), choice)
     rows = [[cell, step] for cell, step in choice["cells"].items()]
     rate = ", ".join(sorted({f"{r['learning_rate']:g}" for r in records}))
     with open(os.path.join(out, "budget.md"), "w") as f:
@@ -687,7 +535,7 @@ def write_rates_report(out: str, columns=COLUMNS, depths=RATE_DEPTHS, **sweep_kw
     its validation accuracy; the one rate per column) and ``results.csv`` from the rate sweep in ``out``."""
     records = load_records(out)
     rates = best_learning_rates(records, columns, depths, **sweep_kwargs)
-    save_json(os.path.join(out, "rates.json"), rates_to_json(rates))
+    sweep.save_json(os.path.join(out, "rates.json"), rates_to_json(rates))
     rows = []
     for (scheme, warmup, depth), lr in rates["per_depth"].items():
         mine = _cell_records(records, scheme, warmup, depth)
@@ -695,7 +543,7 @@ def write_rates_report(out: str, columns=COLUMNS, depths=RATE_DEPTHS, **sweep_kw
         at_best = [r for r in mine if math.isclose(r["learning_rate"], lr)][0]
         rows.append([_label(scheme, warmup), depth, f"{swept[0]:g} … {swept[-1]:g} ({len(swept)})", f"{lr:g}",
                      "yes" if rates["bracketed"][(scheme, warmup, depth)] else "**no (edge)**",
-                     f"{100 * accuracy(at_best):.1f}", sum(r["diverged"] for r in mine)])
+                     f"{100 * vp.accuracy(at_best):.1f}", sum(r["diverged"] for r in mine)])
     one = [[_label(*c), f"{lr:g}"] for c, lr in rates["one_rate"].items()]
     with open(os.path.join(out, "rates.md"), "w") as f:
         f.write(f"Rates ({describe(records, 'rate sweep', 'seed 0')}), chosen on final validation accuracy.\n\n"
@@ -729,9 +577,10 @@ def write_final_report(out: str, rates: dict, command: str | None = None) -> dic
         title = describe(records, "final", words)
         head = title + (f"\n\nCommand: `{command}`" if command else "")
         paths[f"{which}/table"] = os.path.join(report_dir, "table.md")
-        write_ci_table(records, paths[f"{which}/table"], "Final test accuracy (%), " + head)
+        vp.write_ci_table(records, paths[f"{which}/table"], "Final test accuracy (%), " + head, layout(records))
         paths[f"{which}/comparisons"] = os.path.join(report_dir, "comparisons.md")
-        write_comparisons(records, paths[f"{which}/comparisons"], "LayerScale against each column, " + head)
+        vp.write_comparisons(records, paths[f"{which}/comparisons"], "LayerScale against each column, " + head,
+                             layout(records), REFERENCE)
         paths[f"{which}/csv"] = os.path.join(report_dir, "results.csv")
         write_csv(records, paths[f"{which}/csv"])
         paths.update({f"{which}/{k}": v for k, v in write_figures(records, report_dir, title).items()})
@@ -788,9 +637,10 @@ def write_reports(out: str, command: str | None = None, lr_sweep: bool = False, 
                                            f"seeds, a diverged run counted with the accuracy of its last finite "
                                            f"parameters (table_ci.md: mean and 95% CI over converged runs). {head}")
         paths["table_ci"] = os.path.join(report_dir, "table_ci.md")
-        write_ci_table(sweep, paths["table_ci"], f"Final test accuracy (%). {head}")
+        vp.write_ci_table(sweep, paths["table_ci"], f"Final test accuracy (%). {head}", layout(sweep))
         paths["comparisons"] = os.path.join(report_dir, "comparisons.md")
-        write_comparisons(sweep, paths["comparisons"], f"LayerScale against each column. {head}")
+        vp.write_comparisons(sweep, paths["comparisons"], f"LayerScale against each column. {head}", layout(sweep),
+                             REFERENCE)
         rate_words = (f"each scheme at its own rate ({per_scheme})" if per_scheme
                       else f"shared rate {rates:g}" if isinstance(rates, float) else "rates as recorded")
         paths.update(write_figures(sweep, report_dir, describe(sweep, EARLY_LABEL, rate_words)))

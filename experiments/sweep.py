@@ -13,7 +13,8 @@ Statistics over the seeds of a cell: mean, sample standard deviation and the t-b
 mean, ``mean ± t_{0.975, n−1} · s / √n`` (``summarise``); Welch's unequal-variance t-test between two cells
 (``welch``: ``t = (m_a − m_b) / √(s_a²/n_a + s_b²/n_b)`` with Welch–Satterthwaite degrees of freedom, two-sided p).
 Tables are markdown (``markdown_table``, ``mean_std_cell``, ``ci_cell``); ``plot_errorbars`` draws a value against
-an x such as depth, one line per column.
+an x such as depth, one line per column. Choosing on validation and reporting on test (rate bracketing,
+convergence, split discipline, CI tables and Welch comparisons) is ``validation_protocol.py``'s.
 """
 from __future__ import annotations
 
@@ -60,6 +61,12 @@ def write_json_atomically(path: str, obj) -> None:
     with open(tmp, "w") as f:
         json.dump(obj, f)
     os.replace(tmp, path)
+
+
+def save_json(path: str, obj) -> None:
+    """``write_json_atomically``, creating ``path``'s folder first (a stage's outputs such as ``rates.json``)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_json_atomically(path, obj)
 
 
 def parse_shard(text: str) -> tuple[int, int]:

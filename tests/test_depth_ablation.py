@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
 import depth_ablation as da  # noqa: E402
+import validation_protocol as vp  # noqa: E402
 
 TINY = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=4, evals=2, log_every=2)
 SPECS = [da.RunSpec(1, "none", True, 0, 5e-3), da.RunSpec(1, "layerscale", False, 0, 5e-3),
@@ -193,7 +194,8 @@ def test_readme_depth_ablation_table_quotes_the_committed_tables():
 
 
 def test_the_committed_tables_are_what_the_committed_run_records_give(tmp_path):
-    """Regenerating from ``experiments/results/depth_ablation/runs`` reproduces both protocols' table and CSV."""
+    """Regenerating from ``experiments/results/depth_ablation/runs`` reproduces both protocols' tables (mean ± std,
+    CI, Welch comparisons) and CSV."""
     results = os.path.join(da.ROOT, "experiments", "results", "depth_ablation")
     records = da.load_records(results)
     rates = da.early_rates_chosen_on_test(os.path.join(results, "lr_sweep"), da.DEFAULT_SCHEMES)
@@ -205,8 +207,12 @@ def test_the_committed_tables_are_what_the_committed_run_records_give(tmp_path):
         da.write_csv(chosen, str(tmp_path / "results.csv"))
         assert (tmp_path / "table.md").read_text() == committed
         ci = open(os.path.join(where, "table_ci.md")).read()
-        da.write_ci_table(chosen, str(tmp_path / "table_ci.md"), ci.split("\n\n| depth")[0])
+        vp.write_ci_table(chosen, str(tmp_path / "table_ci.md"), ci.split("\n\n| depth")[0], da.layout(chosen))
         assert (tmp_path / "table_ci.md").read_text() == ci
+        comparisons = open(os.path.join(where, "comparisons.md")).read()
+        vp.write_comparisons(chosen, str(tmp_path / "comparisons.md"), comparisons.split("\n\n| depth")[0],
+                             da.layout(chosen), da.REFERENCE)
+        assert (tmp_path / "comparisons.md").read_text() == comparisons
         assert (tmp_path / "results.csv").read_text() == open(os.path.join(where, "results.csv")).read()
 
 
@@ -216,7 +222,7 @@ def test_a_bad_shard_stops_the_command_naming_it():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The protocol: selection on validation, budget criterion, bracketed rates, statistics
+# The protocol's stages (their generic pieces: tests/test_validation_protocol.py)
 # ---------------------------------------------------------------------------------------------------------------
 def fake_record(scheme="layerscale", warmup=True, depth=12, lr=1e-2, acc=0.9, diverged=False, seed=0,
                 protocol="rates", split="validation"):
@@ -224,17 +230,6 @@ def fake_record(scheme="layerscale", warmup=True, depth=12, lr=1e-2, acc=0.9, di
     return {"run_id": f"{protocol}_{scheme}_{warmup}_{depth}_{lr:g}_{seed}", "protocol": protocol, "scheme": scheme,
             "warmup": warmup, "depth": depth, "learning_rate": lr, "seed": seed, "diverged": diverged,
             "eval_split": split, f"final_{prefix}_accuracy": acc}
-
-
-def test_the_budget_criterion_needs_the_last_quarter_flat_from_then_on():
-    # acc(t) − acc(¾t): at 700: 90.2 − 89.625 (525, between 500 and 600) = 0.575 → no; at 800: 90.4 − 90.0 = 0.4,
-    # at 900: 90.5 − 90.15 = 0.35, at 1000: 90.6 − 90.3 = 0.3 → yes from 800 on
-    curve = [(100, 50.0), (200, 80.0), (300, 88.0), (400, 89.0), (500, 89.5), (600, 90.0), (700, 90.2),
-             (800, 90.4), (900, 90.5), (1000, 90.6)]
-    assert da.converged_step(curve) == 800
-    assert da.converged_step(curve, tolerance=0.1) is None
-    # a flat stretch that rises again later does not count
-    assert da.converged_step([(100, 50.0), (200, 50.1), (300, 60.0), (400, 60.1)]) == 400
 
 
 def test_the_budget_is_the_latest_converged_cell_and_a_late_cell_is_an_error():
@@ -256,24 +251,6 @@ def test_the_budget_is_the_latest_converged_cell_and_a_late_cell_is_an_error():
         da.choose_budget([test_run])
 
 
-def test_the_rate_ladder_steps_one_two_five():
-    assert [da.ladder(x, +1) for x in (1e-3, 2e-3, 5e-3, 2e-2)] == [2e-3, 5e-3, 1e-2, 5e-2]
-    assert [da.ladder(x, -1) for x in (1e-3, 2e-3, 5e-3)] == [5e-4, 1e-3, 2e-3]
-
-
-def test_a_rate_at_the_edge_extends_the_sweep_until_it_is_inside_with_a_cap():
-    start = (1e-3, 2e-3, 5e-3)
-    at = lambda accs: [fake_record(lr=lr, acc=a) for lr, a in accs.items()]  # noqa: E731
-    assert da.swept_rates([], start) == [1e-3, 2e-3, 5e-3]                     # nothing run: the start
-    assert da.swept_rates(at({1e-3: .5, 2e-3: .6, 5e-3: .7}), start) == [1e-3, 2e-3, 5e-3, 1e-2]
-    assert da.swept_rates(at({1e-3: .5, 2e-3: .6, 5e-3: .7, 1e-2: .6}), start) == [1e-3, 2e-3, 5e-3, 1e-2]
-    assert da.swept_rates(at({1e-3: .9, 2e-3: .6, 5e-3: .5}), start) == [5e-4, 1e-3, 2e-3, 5e-3]
-    rising = at({1e-3: .1, 2e-3: .2, 5e-3: .3, 1e-2: .4, 2e-2: .5, 5e-2: .6})
-    assert da.swept_rates(rising, start, max_extensions=3) == [1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2]  # capped
-    diverged = [fake_record(lr=lr, diverged=True) for lr in start]
-    assert da.swept_rates(diverged, start) == [5e-4, 1e-3, 2e-3, 5e-3]
-
-
 def test_rates_are_chosen_per_depth_and_once_for_all_depths_on_validation():
     records = [fake_record(depth=d, lr=lr, acc=a) for d, accs in
                {12: {1e-3: .5, 2e-3: .9, 5e-3: .6}, 48: {1e-3: .8, 2e-3: .7, 5e-3: .1}}.items()
@@ -289,34 +266,6 @@ def test_rates_are_chosen_per_depth_and_once_for_all_depths_on_validation():
         da.best_learning_rates([fake_record(split="test")], columns=(("layerscale", True),), depths=(12,))
     with pytest.raises(ValueError, match="unfinished"):
         da.best_learning_rates(records[:2], columns=(("layerscale", True),), depths=(12,), start=(1e-3, 2e-3, 5e-3))
-
-
-def test_a_test_table_takes_final_runs_only_and_never_averages_diverged_runs(tmp_path):
-    final = [fake_record(acc=a, seed=k, protocol="final", split="test") for k, a in enumerate((.90, .92, .94))]
-    final.append(fake_record(acc=.10, seed=3, diverged=True, protocol="final", split="test"))
-    for r in final:
-        r["dataset"] = "digits"
-    table = da.write_ci_table(final, str(tmp_path / "t.md"), "title")
-    # mean 92.0, s = 2.0, t(0.975, 2) = 4.3027: half-width 4.3027 · 2 / √3 = 4.97
-    assert "| 12 | 92.0 [87.0, 97.0]; 1/4 diverged |" in table
-    assert "Student's t" in (tmp_path / "t.md").read_text()
-    with pytest.raises(ValueError, match="final-protocol runs only"):
-        da.write_ci_table([fake_record()], str(tmp_path / "t.md"), "title")
-    with pytest.raises(ValueError, match="final-protocol runs only"):
-        da.write_comparisons([fake_record()], str(tmp_path / "c.md"), "title")
-
-
-def test_comparisons_give_welch_p_of_layerscale_against_each_column(tmp_path):
-    from scipy import stats
-    a, b = (.90, .92, .94), (.80, .85, .86)
-    records = [fake_record("layerscale", acc=x, seed=k, protocol="final", split="test") for k, x in enumerate(a)]
-    records += [fake_record("none", acc=x, seed=k, protocol="final", split="test") for k, x in enumerate(b)]
-    records += [fake_record("rezero", acc=.1, seed=0, diverged=True, protocol="final", split="test")]
-    table = da.write_comparisons(records, str(tmp_path / "c.md"), "title")
-    expected = stats.ttest_ind([100 * x for x in a], [100 * x for x in b], equal_var=False)
-    row = [ln for ln in table.splitlines() if "| none |" in ln][0]
-    assert f"| {expected.pvalue:.3g} |" in row and "+8.3" in row and "3/3 vs 3/3" in row
-    assert "| 12 | rezero | – | – | – | – | 3/3 vs 0/1 |" in table
 
 
 def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):

@@ -1,0 +1,218 @@
+"""Choose on validation, report on test: the validation protocol a study in ``experiments/`` shares (the depth
+ablation uses it; ``sweep.py`` trains the runs).
+
+A study's records (``sweep.run``'s, from ``classifier_run``) hold ``run_id``, ``diverged``, ``learning_rate``,
+``protocol`` (the stage that trained them; ``final`` for reportable runs) and ``eval_split`` with its final
+accuracy, ``final_val_accuracy`` or ``final_test_accuracy`` (``accuracy``).
+
+- Split discipline: every choice is made on runs that evaluated the validation split (``require_validation``);
+  test numbers are tabulated only from ``final`` runs, never from runs used for a choice (``require_reportable``).
+- Learning rates: a cell's rates start from a range and extend along the 1-2-5 ladder (``ladder``) until the best
+  rate (``best_rate``) is strictly inside the swept range, with a cap (``swept_rates``), round by round.
+- Convergence: a run of ``t`` steps has converged when its accuracy changes by less than a tolerance over its last
+  quarter, |acc(t) − acc(¾ t)| < tolerance, from ``t`` on (``converged_step`` on a cell's mean validation curve,
+  ``mean_validation_curves``; ``accuracy_at`` interpolates).
+- Reports: a table of mean and t-based 95% CI over the converged runs of each cell, divergence counted apart
+  (``ci_cell``, ``write_ci_table``, ``CI_METHOD``) and Welch's tests of a reference column against every other
+  (``write_comparisons``), both laid out by a ``Layout`` (rows, columns, labels and the value of a run).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Callable, Hashable, Sequence
+
+import sweep
+
+# ---------------------------------------------------------------------------------------------------------------
+# Split discipline
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def accuracy(record: dict) -> float:
+    """The run's final accuracy on the split it evaluated (``final_test_accuracy`` or ``final_val_accuracy``)."""
+    return record["final_test_accuracy" if record.get("eval_split", "test") == "test" else "final_val_accuracy"]
+
+
+def require_validation(records: list[dict], what: str) -> None:
+    """Selections are made on validation only: a record that evaluated another split is an error naming it."""
+    wrong = sorted({r["run_id"] for r in records if r.get("eval_split") != "validation"})
+    if wrong:
+        raise ValueError(f"{what} selects on the validation split only; these runs evaluated another split: "
+                         f"{wrong[:3]}{' …' if len(wrong) > 3 else ''}")
+
+
+def require_reportable(records: list[dict]) -> None:
+    """Test numbers are tabulated only from runs that were not used for any choice: ``final`` runs (or the
+    committed ``early`` grid, whose tables say that its rates were chosen on test accuracy). Anything else is a
+    ValueError naming a run."""
+    wrong = [r["run_id"] for r in records
+             if r.get("protocol", "early") not in ("final", "early") or r.get("eval_split", "test") != "test"]
+    if wrong:
+        raise ValueError(f"a table of test accuracy takes final-protocol runs only; not final: {wrong[:3]}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Convergence of an accuracy curve
+# ---------------------------------------------------------------------------------------------------------------
+def accuracy_at(curve: list[tuple[int, float]], step: float) -> float:
+    """The curve's value at ``step``, linear between evaluations (a curve starts at its first evaluation)."""
+    steps = [s for s, _ in curve]
+    if step <= steps[0]:
+        return curve[0][1]
+    for (s0, a0), (s1, a1) in zip(curve, curve[1:]):
+        if s0 <= step <= s1:
+            return a0 + (a1 - a0) * (step - s0) / (s1 - s0)
+    return curve[-1][1]
+
+
+def mean_validation_curves(records: list[dict], cell: Callable[[dict], Hashable]) -> dict:
+    """``{cell(record): [(step, validation accuracy %)]}`` from the records' ``evaluations``: the mean over the
+    cell's runs (its seeds) at the steps every one of them evaluated."""
+    cells: dict = {}
+    for r in records:
+        curve = [(e["step"], 100 * e["val_accuracy"]) for e in r["evaluations"] if "val_accuracy" in e]
+        cells.setdefault(cell(r), []).append(dict(curve))
+    curves = {}
+    for key, runs in cells.items():
+        steps = sorted(set.intersection(*(set(run) for run in runs)))
+        curves[key] = [(s, sum(run[s] for run in runs) / len(runs)) for s in steps]
+    return curves
+
+
+def converged_step(curve: list[tuple[int, float]], tolerance: float) -> int | None:
+    """The convergence criterion on one accuracy curve (%, ``[(step, accuracy)]``): the first evaluated step ``t``
+    such that for ``t`` and every later evaluated step ``t'``, |acc(t') − acc(¾ t')| < ``tolerance`` (acc between
+    evaluations by linear interpolation), i.e. the accuracy changes by less than ``tolerance`` points over the last
+    quarter of a run of ``t'`` steps, from ``t`` on (a step whose ¾ precedes the first evaluation cannot qualify).
+    None: not converged within the curve."""
+    ok = [0.75 * s >= curve[0][0] and abs(a - accuracy_at(curve, 0.75 * s)) < tolerance for s, a in curve]
+    for i, (step, _) in enumerate(curve):
+        if all(ok[i:]):
+            return step
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Learning rates: the 1-2-5 ladder, bracketed
+# ---------------------------------------------------------------------------------------------------------------
+def ladder(rate: float, direction: int) -> float:
+    """The next rate up (+1) or down (−1) the 1-2-5 ladder (…, 5e-3, 1e-2, 2e-2, 5e-2, …)."""
+    exponent = math.floor(math.log10(rate) + 1e-9)
+    mantissa = round(rate / 10 ** exponent, 6)
+    rungs = (1.0, 2.0, 5.0)
+    i = min(range(3), key=lambda j: abs(rungs[j] - mantissa)) + direction
+    return float(f"{rungs[i % 3]}e{exponent + i // 3}")
+
+
+def best_rate(records: list[dict]) -> float | None:
+    """The rate of the highest final validation accuracy among runs that did not diverge (ties: the lower rate);
+    None when every run diverged."""
+    require_validation(records, "best_rate")
+    runs = [r for r in records if not r["diverged"]]
+    return max(runs, key=lambda r: (accuracy(r), -r["learning_rate"]))["learning_rate"] if runs else None
+
+
+def swept_rates(cell_records: list[dict], start: Sequence[float], max_extensions: int) -> list[float]:
+    """The rates a cell's sweep needs, given its finished runs: ``start``, then while every rate so far has a run
+    and the best one (``best_rate``) is the highest (lowest) swept, the next rate up (down) the ladder; when every
+    run diverged, the next one down. At most ``max_extensions`` rates beyond ``start``."""
+    rates = sorted(start)
+    done = {r["learning_rate"]: r for r in cell_records}
+    for _ in range(max_extensions):
+        if any(not any(math.isclose(rate, d) for d in done) for rate in rates):
+            break                                  # this round's runs are not all finished yet
+        best = best_rate([r for r in cell_records if any(math.isclose(r["learning_rate"], x) for x in rates)])
+        if best is None or math.isclose(best, rates[0]):
+            rates.insert(0, ladder(rates[0], -1))
+        elif math.isclose(best, rates[-1]):
+            rates.append(ladder(rates[-1], +1))
+        else:
+            break
+    return rates
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reports of final runs: CI table and Welch comparisons
+# ---------------------------------------------------------------------------------------------------------------
+CI_METHOD = ("mean [95% CI] of the final accuracy (%) over the runs that did not diverge; CI = mean ± "
+             "t(0.975, n−1)·s/√n (Student's t, s the sample standard deviation); diverged runs are counted "
+             "separately and never enter a mean; \"(1 run)\": no interval can be stated")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How a study's records form a table: ``row(record)`` (e.g. its depth; rows in sorted order, headed
+    ``row_header``), ``column(record)`` (e.g. scheme and warm-up), the ``columns`` in order with their ``label``,
+    and ``value(record)``, a run's final accuracy in % (what ``CI_METHOD`` and the comparisons' note say)."""
+    row_header: str
+    row: Callable[[dict], Hashable]
+    column: Callable[[dict], Hashable]
+    columns: Sequence[Hashable]
+    label: Callable[[Hashable], str]
+    value: Callable[[dict], float]
+
+    def cell(self, records: list[dict], row: Hashable, column: Hashable) -> list[dict]:
+        return [r for r in records if self.row(r) == row and self.column(r) == column]
+
+    def rows(self, records: list[dict]) -> list:
+        return sorted({self.row(r) for r in records})
+
+
+def ci_cell(records: list[dict], value: Callable[[dict], float]) -> str:
+    """``mean [low, high]`` of ``value`` over the converged runs, then ``k/n diverged`` when k > 0."""
+    converged = [value(r) for r in records if not r["diverged"]]
+    diverged = sum(r["diverged"] for r in records)
+    if not records:
+        return "–"
+    text = ""
+    if converged:
+        s = sweep.summarise(converged)
+        text = f"{s.mean:.1f} [{s.ci_low:.1f}, {s.ci_high:.1f}]" if s.n > 1 else f"{s.mean:.1f} (1 run)"
+    if diverged:
+        text += ("; " if text else "") + f"{diverged}/{len(records)} diverged"
+    return text
+
+
+def write_ci_table(records: list[dict], path: str, title: str, layout: Layout) -> str:
+    """Row × column table of ``ci_cell`` (test accuracy; final runs only, ``require_reportable``), the method
+    stated under it."""
+    require_reportable(records)
+    table = sweep.markdown_table([layout.row_header] + [layout.label(c) for c in layout.columns], (
+        [row] + [ci_cell(layout.cell(records, row, c), layout.value) for c in layout.columns]
+        for row in layout.rows(records)))
+    with open(path, "w") as f:
+        f.write(f"{title}\n\n{table}\n{CI_METHOD}.\n")
+    return table
+
+
+def write_comparisons(records: list[dict], path: str, title: str, layout: Layout, reference: Hashable) -> str:
+    """Per row, the ``reference`` column against every other column: difference of mean test accuracy (points,
+    over converged runs), Welch's t, its degrees of freedom and two-sided p (``sweep.welch``), and the runs that
+    entered (converged/all). A comparison with fewer than 2 converged runs on a side has no test (``–``)."""
+    require_reportable(records)
+    rows = []
+    for row in layout.rows(records):
+        ref = layout.cell(records, row, reference)
+        a = [layout.value(r) for r in ref if not r["diverged"]]
+        for column in layout.columns:
+            if column == reference:
+                continue
+            other = layout.cell(records, row, column)
+            if not other or not ref:
+                continue
+            b = [layout.value(r) for r in other if not r["diverged"]]
+            counts = f"{len(a)}/{len(ref)} vs {len(b)}/{len(other)}"
+            if len(a) < 2 or len(b) < 2:
+                rows.append([row, layout.label(column), "–", "–", "–", "–", counts])
+                continue
+            w = sweep.welch(a, b)
+            rows.append([row, layout.label(column), f"{statistics.mean(a) - statistics.mean(b):+.1f}",
+                         f"{w.t:.2f}", f"{w.dof:.1f}", f"{w.p:.3g}", counts])
+    table = sweep.markdown_table([layout.row_header, f"{layout.label(reference)} vs", "difference of means (points)",
+                                  "Welch t", "df", "p (two-sided)", "converged/runs"], rows)
+    with open(path, "w") as f:
+        f.write(f"{title}\n\n{table}\nWelch's unequal-variance t-test on the final test accuracy of the converged "
+                f"runs (scipy.stats.ttest_ind, equal_var=False); no correction for the number of comparisons.\n")
+    return table

@@ -1,0 +1,95 @@
+"""Specifications of the validation protocol shared by the studies in experiments/ (experiments/validation_protocol.py):
+the convergence criterion, the bracketed learning-rate ladder, and test tables from final runs only, checked against
+hand computations."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
+import validation_protocol as vp  # noqa: E402
+
+# Rows by depth, columns by method, the value in %: a layout a study would give.
+LAYOUT = vp.Layout("depth", lambda r: r["depth"], lambda r: r["method"], ("a", "b", "c"), lambda c: f"method {c}",
+                   lambda r: 100 * vp.accuracy(r))
+
+
+def fake_record(method="a", depth=12, lr=1e-2, acc=0.9, diverged=False, seed=0, protocol="rates", split="validation"):
+    prefix = "test" if split == "test" else "val"
+    return {"run_id": f"{protocol}_{method}_{depth}_{lr:g}_{seed}", "protocol": protocol, "method": method,
+            "depth": depth, "learning_rate": lr, "seed": seed, "diverged": diverged, "eval_split": split,
+            f"final_{prefix}_accuracy": acc}
+
+
+def test_the_convergence_criterion_needs_the_last_quarter_flat_from_then_on():
+    # acc(t) − acc(¾t): at 700: 90.2 − 89.625 (525, between 500 and 600) = 0.575 → no; at 800: 90.4 − 90.0 = 0.4,
+    # at 900: 90.5 − 90.15 = 0.35, at 1000: 90.6 − 90.3 = 0.3 → yes from 800 on
+    curve = [(100, 50.0), (200, 80.0), (300, 88.0), (400, 89.0), (500, 89.5), (600, 90.0), (700, 90.2),
+             (800, 90.4), (900, 90.5), (1000, 90.6)]
+    assert vp.converged_step(curve, tolerance=0.5) == 800
+    assert vp.converged_step(curve, tolerance=0.1) is None
+    # a flat stretch that rises again later does not count
+    assert vp.converged_step([(100, 50.0), (200, 50.1), (300, 60.0), (400, 60.1)], tolerance=0.5) == 400
+
+
+def test_a_cells_validation_curve_is_the_mean_over_its_seeds_at_the_steps_all_of_them_evaluated():
+    def run(method, seed, accs):
+        r = fake_record(method, seed=seed)
+        r["evaluations"] = [{"step": 0}] + [{"step": s, "val_accuracy": a} for s, a in accs.items()]
+        return r
+    records = [run("a", 0, {100: .5, 200: .7, 300: .9}), run("a", 1, {100: .6, 200: .8}), run("b", 0, {100: .1})]
+    curves = vp.mean_validation_curves(records, lambda r: r["method"])
+    assert curves.keys() == {"a", "b"} and curves["b"] == [(100, 10.0)]
+    assert curves["a"] == [(100, pytest.approx(55.0)), (200, pytest.approx(75.0))]     # step 300: seed 1 lacks it
+
+
+def test_the_rate_ladder_steps_one_two_five():
+    assert [vp.ladder(x, +1) for x in (1e-3, 2e-3, 5e-3, 2e-2)] == [2e-3, 5e-3, 1e-2, 5e-2]
+    assert [vp.ladder(x, -1) for x in (1e-3, 2e-3, 5e-3)] == [5e-4, 1e-3, 2e-3]
+
+
+def test_a_rate_at_the_edge_extends_the_sweep_until_it_is_inside_with_a_cap():
+    start = (1e-3, 2e-3, 5e-3)
+    at = lambda accs: [fake_record(lr=lr, acc=a) for lr, a in accs.items()]  # noqa: E731
+    assert vp.swept_rates([], start, 3) == [1e-3, 2e-3, 5e-3]                     # nothing run: the start
+    assert vp.swept_rates(at({1e-3: .5, 2e-3: .6, 5e-3: .7}), start, 3) == [1e-3, 2e-3, 5e-3, 1e-2]
+    assert vp.swept_rates(at({1e-3: .5, 2e-3: .6, 5e-3: .7, 1e-2: .6}), start, 3) == [1e-3, 2e-3, 5e-3, 1e-2]
+    assert vp.swept_rates(at({1e-3: .9, 2e-3: .6, 5e-3: .5}), start, 3) == [5e-4, 1e-3, 2e-3, 5e-3]
+    rising = at({1e-3: .1, 2e-3: .2, 5e-3: .3, 1e-2: .4, 2e-2: .5, 5e-2: .6})
+    assert vp.swept_rates(rising, start, max_extensions=3) == [1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2]  # capped
+    diverged = [fake_record(lr=lr, diverged=True) for lr in start]
+    assert vp.swept_rates(diverged, start, 3) == [5e-4, 1e-3, 2e-3, 5e-3]
+
+
+def test_the_best_rate_is_chosen_on_validation_runs_only():
+    assert vp.best_rate([fake_record(lr=1e-3, acc=.8), fake_record(lr=2e-3, acc=.8)]) == 1e-3   # ties: the lower
+    assert vp.best_rate([fake_record(diverged=True)]) is None
+    with pytest.raises(ValueError, match="validation split only"):
+        vp.best_rate([fake_record(split="test")])
+
+
+def test_a_test_table_takes_final_runs_only_and_never_averages_diverged_runs(tmp_path):
+    final = [fake_record(acc=a, seed=k, protocol="final", split="test") for k, a in enumerate((.90, .92, .94))]
+    final.append(fake_record(acc=.10, seed=3, diverged=True, protocol="final", split="test"))
+    table = vp.write_ci_table(final, str(tmp_path / "t.md"), "title", LAYOUT)
+    # mean 92.0, s = 2.0, t(0.975, 2) = 4.3027: half-width 4.3027 · 2 / √3 = 4.97
+    assert "| 12 | 92.0 [87.0, 97.0]; 1/4 diverged | – | – |" in table
+    assert "Student's t" in (tmp_path / "t.md").read_text()
+    with pytest.raises(ValueError, match="final-protocol runs only"):
+        vp.write_ci_table([fake_record()], str(tmp_path / "t.md"), "title", LAYOUT)
+    with pytest.raises(ValueError, match="final-protocol runs only"):
+        vp.write_comparisons([fake_record()], str(tmp_path / "c.md"), "title", LAYOUT, "a")
+
+
+def test_comparisons_give_welch_p_of_the_reference_against_each_column(tmp_path):
+    from scipy import stats
+    a, b = (.90, .92, .94), (.80, .85, .86)
+    records = [fake_record("a", acc=x, seed=k, protocol="final", split="test") for k, x in enumerate(a)]
+    records += [fake_record("b", acc=x, seed=k, protocol="final", split="test") for k, x in enumerate(b)]
+    records += [fake_record("c", acc=.1, seed=0, diverged=True, protocol="final", split="test")]
+    table = vp.write_comparisons(records, str(tmp_path / "c.md"), "title", LAYOUT, "a")
+    expected = stats.ttest_ind([100 * x for x in a], [100 * x for x in b], equal_var=False)
+    row = [ln for ln in table.splitlines() if "| method b |" in ln][0]
+    assert f"| {expected.pvalue:.3g} |" in row and "+8.3" in row and "3/3 vs 3/3" in row
+    assert "| 12 | method c | – | – | – | – | 3/3 vs 0/1 |" in table
+    assert table.splitlines()[0].startswith("| depth | method a vs |")
