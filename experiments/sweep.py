@@ -12,9 +12,9 @@ with ``load_records(dir1, dir2, ...)``) are the whole sweep's records.
 Statistics over the seeds of a cell: mean, sample standard deviation and the t-based 95% confidence interval of the
 mean, ``mean ± t_{0.975, n−1} · s / √n`` (``summarise``); Welch's unequal-variance t-test between two cells
 (``welch``: ``t = (m_a − m_b) / √(s_a²/n_a + s_b²/n_b)`` with Welch–Satterthwaite degrees of freedom, two-sided p).
-Tables are markdown (``markdown_table``, ``mean_std_cell``, ``ci_cell``); ``plot_errorbars`` draws a value against
-an x such as depth, one line per column. Choosing on validation and reporting on test (rate bracketing,
-convergence, split discipline, CI tables and Welch comparisons) is ``validation_protocol.py``'s.
+Tables are markdown (``markdown_table``, ``mean_std_cell``); ``pyplot`` gives matplotlib for files. Choosing on
+validation and reporting on test (rate bracketing, convergence, split discipline, CI tables and Welch comparisons)
+is ``validation_protocol.py``'s.
 """
 from __future__ import annotations
 
@@ -216,17 +216,6 @@ def mean_std_cell(values: Sequence[float], diverged: int = 0, digits: int = 1) -
     return text + diverged_note(diverged, len(values))
 
 
-def ci_cell(values: Sequence[float], diverged: int = 0, digits: int = 1) -> str:
-    """``"mean [low, high]"`` with the 95% CI of ``summarise`` (one value: the value; none: ``–``)."""
-    if not values:
-        return "–"
-    s = summarise(values)
-    text = f"{s.mean:.{digits}f}"
-    if s.n > 1:
-        text += f" [{s.ci_low:.{digits}f}, {s.ci_high:.{digits}f}]"
-    return text + diverged_note(diverged, len(values))
-
-
 def write_csv(records: Iterable[dict], path: str, fields: Sequence[str]) -> None:
     """One row per record (in the given order), the columns ``fields``."""
     import csv
@@ -250,34 +239,3 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
-
-
-@dataclasses.dataclass(frozen=True)
-class Series:
-    """One line of ``plot_errorbars``: ``values[x]`` are the seeds' values at ``x``."""
-    label: str
-    values: dict
-    linestyle: str = "-"
-
-
-def plot_errorbars(series: Sequence[Series], path: str, *, xlabel: str, ylabel: str, title: str,
-                   log2_x: bool = True) -> None:
-    """Mean ± sample std of each series against x, one line each; x ticks at the x values measured."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs_all = sorted({x for s in series for x in s.values})
-    for s in series:
-        xs = [x for x in xs_all if s.values.get(x)]
-        summaries = [summarise(s.values[x]) for x in xs]
-        ax.errorbar(xs, [m.mean for m in summaries], yerr=[m.std for m in summaries], marker="o", capsize=3,
-                    label=s.label, linestyle=s.linestyle)
-    if log2_x:
-        ax.set_xscale("log", base=2)
-    ax.set_xticks(xs_all, [str(x) for x in xs_all])
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

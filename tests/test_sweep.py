@@ -115,7 +115,6 @@ def test_welch_t_test_matches_a_hand_computation():
 def test_cells_state_mean_and_spread_and_count_diverged_runs():
     assert sweep.mean_std_cell([80.0, 90.0], diverged=1) == "85.0 ± 7.1 (1/2 diverged)"
     assert sweep.mean_std_cell([42.0]) == "42.0" and sweep.mean_std_cell([]) == "–"
-    assert sweep.ci_cell([1, 2, 3, 4, 5]) == "3.0 [1.0, 5.0]"
     assert sweep.markdown_table(["x", "y"], [[1, "a"]]) == "| x | y |\n|---|---|\n| 1 | a |\n"
 
 
