@@ -25,6 +25,8 @@ import os
 import statistics
 from typing import Callable, Iterable, Sequence
 
+from layerscale_jax.bench.timing import machine_info
+
 # ---------------------------------------------------------------------------------------------------------------
 # Records and the resumable, shardable run loop
 # ---------------------------------------------------------------------------------------------------------------
@@ -100,7 +102,9 @@ def run(specs: Sequence, train: Callable[[object], dict], out: str, *, cost: Cal
         outcome: Callable[[dict], str] | None = None, log=print) -> list[dict]:
     """Train every spec without a record in ``out`` (finished runs are skipped), printing progress and an ETA.
 
-    ``train(spec)`` returns the run's record, which must hold ``seconds`` (its wall time) and ``diverged``. The ETA
+    ``train(spec)`` returns the run's record, which must hold ``seconds`` (its wall time) and ``diverged``; ``run``
+    adds ``machine``: what it ran on (CPU model, threads, accelerator, versions) and the load average at its start
+    and end (``layerscale_jax.bench.timing.machine_info``), so a time in a record names its machine. The ETA
     assumes a run's time is proportional to ``cost(spec)`` (e.g. the depth) and extrapolates from the runs trained
     in this session. ``outcome(record)`` is the log's word on a finished run (default: ``DIVERGED`` or ``done``)."""
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
@@ -110,7 +114,9 @@ def run(specs: Sequence, train: Callable[[object], dict], out: str, *, cost: Cal
     seconds_done, cost_done = 0.0, 0.0
     cost_left = sum(cost(s) for s in todo)
     for i, spec in enumerate(todo):
+        load_at_start = [round(x, 2) for x in os.getloadavg()]
         record = train(spec)
+        record["machine"] = {**machine_info(), "load_average_start": load_at_start}
         write_json_atomically(record_path(out, spec.run_id), record)
         seconds_done += record["seconds"]
         cost_done += cost(spec)

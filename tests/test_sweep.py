@@ -44,6 +44,14 @@ def test_a_resumed_sweep_trains_only_the_runs_without_a_record(tmp_path):
     assert sorted(os.listdir(tmp_path / "runs")) == [f"{x}.json" for x in "abcde"]      # no .tmp left behind
 
 
+def test_every_record_names_the_machine_and_the_load_it_ran_under(tmp_path):
+    (record,) = sweep.run(SPECS[:1], fake_train([]), str(tmp_path), log=lambda line: None)
+    with open("/proc/cpuinfo") as f:
+        cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    assert record["machine"]["cpu"] == cpu
+    assert len(record["machine"]["load_average_start"]) == 3 and len(record["machine"]["load_average"]) == 3
+
+
 def test_a_diverged_run_is_a_record_and_a_log_line_not_an_exception(tmp_path):
     lines = []
     records = sweep.run(SPECS, fake_train([]), str(tmp_path), outcome=lambda r: f"value {r['value']}",
