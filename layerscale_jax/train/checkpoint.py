@@ -49,7 +49,7 @@ from orbax.checkpoint import checkpoint_managers as ocm
 
 from layerscale_jax.checksums import corruption, file_digests, list_files
 from layerscale_jax.cli import UserError
-from layerscale_jax.paths import as_path  # noqa: F401 (also imported from here by the loop)
+from layerscale_jax.paths import as_path
 
 log = logging.getLogger(__name__)
 

@@ -22,13 +22,14 @@ from flax import nnx
 from layerscale_jax import data as data_lib
 from layerscale_jax import optim
 from layerscale_jax.models import create_model
+from layerscale_jax.paths import as_path
 from layerscale_jax.runtime import stop_signals
 from layerscale_jax.data.sharding import process_batch_rows
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import finetune as finetune_lib
 from layerscale_jax.train import tasks as tasks_lib
 from layerscale_jax.train import workdir as workdir_lib
-from layerscale_jax.train.checkpoint import Checkpointer, as_path, broadcast_from_primary, to_jsonable
+from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, to_jsonable
 from layerscale_jax.train.config import model_overrides, validate_experiment_config, validate_train_config
 from layerscale_jax.train.diagnostics import branch_diagnostics, to_floats
 from layerscale_jax.train.metrics import MetricsWriter

@@ -11,8 +11,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from layerscale_jax.paths import CLOUD_SCHEMES
-from layerscale_jax.train.checkpoint import as_path
+from layerscale_jax.paths import CLOUD_SCHEMES, as_path
 
 log = logging.getLogger(__name__)
 FLUSH_SECS = 10

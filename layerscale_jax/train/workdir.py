@@ -14,7 +14,7 @@ import time
 from etils import epath
 
 from layerscale_jax.cli import UserError
-from layerscale_jax.train.checkpoint import as_path
+from layerscale_jax.paths import as_path
 
 # Config fields that may differ between the run that wrote a workdir and the run that resumes it: they change how
 # long the run goes on, what it logs, how it is laid out on devices, not what the checkpoints hold.
