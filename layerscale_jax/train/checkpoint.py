@@ -49,7 +49,7 @@ from orbax.checkpoint import checkpoint_managers as ocm
 
 from layerscale_jax.checksums import corruption, file_digests, list_files
 from layerscale_jax.cli import UserError
-from layerscale_jax.paths import as_path
+from layerscale_jax.paths import as_path, is_url
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def check_free_space(directory: epath.Path, state) -> None:
     has less space free than the bytes some process's share of ``state`` takes (orbax's zstd barely shrinks
     trained weights). A save that fills the disk midway fails in orbax's background threads, which print hundreds of
     lines before the error reaches the loop; this catches the common case, a disk already (nearly) full, in one."""
-    if "://" in str(directory):
+    if is_url(directory):
         return
     need = sum(shard.data.nbytes for leaf in jax.tree.leaves(state) for shard in leaf.addressable_shards
                if shard.replica_id == 0)

@@ -14,7 +14,7 @@ import time
 from etils import epath
 
 from layerscale_jax.cli import UserError
-from layerscale_jax.paths import as_path
+from layerscale_jax.paths import as_path, is_url
 
 # Config fields that may differ between the run that wrote a workdir and the run that resumes it: they change how
 # long the run goes on, what it logs, how it is laid out on devices, not what the checkpoints hold.
@@ -116,7 +116,7 @@ class WorkdirLock:
                 f"(started {holder.get('started')}); wait for it, or delete {self.path} if that job is gone")
         text = json.dumps(me)
         try:
-            if "://" not in str(self.path) and holder is None:
+            if not is_url(self.path) and holder is None:
                 try:   # exclusive create on local filesystems: two jobs starting at once cannot both win
                     fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
                 except FileExistsError:
