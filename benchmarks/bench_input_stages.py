@@ -120,9 +120,7 @@ def main(argv=None):
             print(f"{name:14s} baseline {r['ms_per_image']['baseline']:7.3f} ms/image   ours "
                   f"{r['ms_per_image']['ours']:7.3f} ms/image   {r['speedup']:5.2f}x", flush=True)
     if args.json:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-        print(json.dumps({"benchmark": "input_stages", "cpu": cpu, "jpeg_shape": args.jpeg_shape,
+        print(json.dumps({"benchmark": "input_stages", "cpu": timing.cpu_model(), "jpeg_shape": args.jpeg_shape,
                           "load_average_start": load, "load_average_end": timing.load_average(),
                           "stages": results}, indent=1))
 

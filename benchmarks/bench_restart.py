@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -27,13 +26,9 @@ import sys
 import tempfile
 import time
 
+from layerscale_jax.bench.timing import cpu_model, load_average
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def cpu_kind() -> str:
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                    platform.processor())
 
 
 def train_command(config: str, workdir: str, cache: str, extra: list[str]) -> list[str]:
@@ -101,8 +96,8 @@ def main(argv=None) -> dict:
         shutil.rmtree(scratch, ignore_errors=True)
 
     result = {"benchmark": "time to the first step on restart", "config": args.config, "overrides": args.overrides,
-              "cpu": cpu_kind(), "cpu_threads": len(os.sched_getaffinity(0)),
-              "load_average": [round(x, 2) for x in os.getloadavg()], "cache_entries": cached_files,
+              "cpu": cpu_model(), "cpu_threads": len(os.sched_getaffinity(0)),
+              "load_average": load_average(), "cache_entries": cached_files,
               "seconds": rounds, "median_s": {k: statistics.median(v) for k, v in rounds.items()}}
     result["speedup"] = round(result["median_s"]["without_cache"] / result["median_s"]["with_cache"], 2)
     print(f"CPU: {result['cpu']} ({result['cpu_threads']} threads), load {result['load_average']}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -29,14 +28,9 @@ import optax
 from flax import nnx
 
 from layerscale_jax import create_model
+from layerscale_jax.bench.timing import cpu_model, load_average
 from layerscale_jax.checksums import THREADS, file_digests
 from layerscale_jax.train.checkpoint import Checkpointer
-
-
-def cpu_kind() -> str:
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                    platform.processor())
 
 
 def train_state(model_name: str, overrides: dict) -> dict:
@@ -96,8 +90,8 @@ def main(argv=None) -> dict:
         step_mb = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
     medians = {k: statistics.median(v) for k, v in {**times, **hashing}.items()}
     result = {"benchmark": "checkpoint seal: added time per save", "model": args.model, "parameters": n_params,
-              "state_mb": round(state_mb, 1), "step_files_mb": round(step_mb / 2**20, 1), "cpu": cpu_kind(),
-              "cpu_threads": len(os.sched_getaffinity(0)), "load_average": [round(x, 2) for x in os.getloadavg()],
+              "state_mb": round(state_mb, 1), "step_files_mb": round(step_mb / 2**20, 1), "cpu": cpu_model(),
+              "cpu_threads": len(os.sched_getaffinity(0)), "load_average": load_average(),
               "save_s": times, "hash_s": hashing, "median_s": medians,
               "added_per_save_s": round(medians["with_seal"] - medians["without_seal"], 3)}
     print(f"CPU: {result['cpu']} ({result['cpu_threads']} threads), load {result['load_average']}")

@@ -114,15 +114,19 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` where that file has none)."""
+    with open("/proc/cpuinfo") as f:
+        return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())
+
+
 def machine_info() -> dict:
     """What the numbers were measured on: host, CPU model, accelerator, versions, XLA flags, load average."""
     import flax
     import jax
     import optax
-    with open("/proc/cpuinfo") as f:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())
     return {"hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
-            "cpu": cpu, "cpu_threads": len(os.sched_getaffinity(0)), "backend": jax.default_backend(),
+            "cpu": cpu_model(), "cpu_threads": len(os.sched_getaffinity(0)), "backend": jax.default_backend(),
             "device": jax.devices()[0].device_kind, "num_devices": jax.device_count(), "jax": jax.__version__,
             "flax": flax.__version__, "optax": optax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "load_average": load_average()}
