@@ -113,11 +113,16 @@ def test_a_corrupt_checkpoint_is_quarantined_and_the_run_resumes_from_the_previo
                                [train_losses(finished[0])[s] for s in range(1, STEPS + 1)], atol=1e-6)
 
 
-def test_when_no_checkpoint_is_usable_the_run_stops_and_says_how_to_start_fresh(finished, tmp_path):
-    workdir = copy_run(finished, tmp_path, "all_corrupt")
+def unfinished_run_with_every_checkpoint_corrupt(finished, tmp_path, name):
+    workdir = copy_run(finished, tmp_path, name)
     os.remove(os.path.join(workdir, "results.json"))
     for step in checkpoint_steps(workdir):
         corrupt(workdir, step, "random_bytes")
+    return workdir
+
+
+def test_when_no_checkpoint_is_usable_the_run_stops_and_says_how_to_start_fresh(finished, tmp_path):
+    workdir = unfinished_run_with_every_checkpoint_corrupt(finished, tmp_path, "all_corrupt")
     with pytest.raises(NoUsableCheckpointError, match="use a new --workdir"):
         loop_lib.train_and_evaluate(config(), workdir)
 
@@ -352,10 +357,7 @@ def test_a_damaged_line_inside_the_metrics_log_is_an_error_naming_the_file_and_t
 
 def test_without_a_usable_checkpoint_a_rerun_is_refused_until_restart_moves_the_earlier_run_aside(finished,
                                                                                                     tmp_path):
-    workdir = copy_run(finished, tmp_path, "restart")
-    os.remove(os.path.join(workdir, "results.json"))
-    for step in checkpoint_steps(workdir):
-        corrupt(workdir, step, "random_bytes")
+    workdir = unfinished_run_with_every_checkpoint_corrupt(finished, tmp_path, "restart")
     with pytest.raises(NoUsableCheckpointError, match="rerun with --restart"):
         loop_lib.train_and_evaluate(config(), workdir)
     earlier = open(os.path.join(workdir, "metrics.jsonl")).read()
