@@ -150,14 +150,15 @@ class WorkdirLock:
             self.held = False
 
 
-def metrics_lines(path: epath.Path) -> list[tuple[str, dict]]:
-    """``(line, record)`` for every record of the metrics log ``path`` (``metrics.jsonl``).
+def metrics_lines(path: epath.Path, text: str | None = None) -> list[tuple[str, dict]]:
+    """``(line, record)`` for every record of the metrics log ``path`` (``metrics.jsonl``; ``text``: its content,
+    when the caller has read it already).
 
     The log is append-only, so only its last line can be torn (the disk filled, or the job died, while it was being
     written): such a line is dropped with one warning. A damaged line anywhere else is an error naming the file and
     the line.
     """
-    lines = path.read_text().splitlines()
+    lines = (path.read_text() if text is None else text).splitlines()
     out = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -183,7 +184,7 @@ def truncate_metrics(path: epath.Path, last_step: int) -> None:
     if not path.exists():
         return
     text = path.read_text()
-    kept = "".join(line + "\n" for line, record in metrics_lines(path) if record["step"] <= last_step)
+    kept = "".join(line + "\n" for line, record in metrics_lines(path, text) if record["step"] <= last_step)
     if kept != text:
         path.write_text(kept)
 
@@ -212,13 +213,15 @@ def earlier_run(workdir: epath.Path, checkpoints: epath.Path) -> list[str]:
     checkpoints (a run starting from step 0 would mix its logs with them)."""
     found = []
     metrics = workdir / "metrics.jsonl"
-    if metrics.exists() and metrics.read_text().strip():
-        found.append(f"{metrics.name} with {len(metrics.read_text().splitlines())} line(s)")
+    text = metrics.read_text() if metrics.exists() else ""
+    if text.strip():
+        found.append(f"{metrics.name} with {len(text.splitlines())} line(s)")
     if (workdir / "results.json").exists():
         found.append("results.json")
     quarantine = checkpoints / "quarantine"
-    if quarantine.exists() and any(quarantine.iterdir()):
-        found.append(f"{len(list(quarantine.iterdir()))} quarantined checkpoint(s) in {quarantine}")
+    quarantined = list(quarantine.iterdir()) if quarantine.exists() else []
+    if quarantined:
+        found.append(f"{len(quarantined)} quarantined checkpoint(s) in {quarantine}")
     return found
 
 
