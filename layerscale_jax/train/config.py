@@ -8,13 +8,14 @@ A full experiment config (see ``configs/``) has four sections (and an optional `
   steps               optimizer steps of the run.
   batch_size          global train batch (all processes together); must divide by the number of devices on
                       the mesh's batch axes (data × fsdp). Each process reads the rows its devices hold.
-  eval_batch_size     global eval batch (padded at the end of the test split; padding is not counted).
+  eval_batch_size     global eval batch (padded at the end of the evaluated split; padding is not counted).
   seed                seeds parameters, data order, augmentation, Mixup/CutMix and stochastic depth.
-  log_every           steps between metric lines: the only device → host syncs, and with several processes the
-                      only steps where a preemption signal (SIGTERM) to any process is acted on.
-  eval_every          steps between evaluations on the test split (0: only at the end).
+  log_every           steps between metric lines: the only device → host syncs (a stop signal is acted on at the
+                      next step every process agrees on, ``layerscale_jax.runtime.StopSignals``).
+  eval_every          steps between evaluations on the evaluated split, ``data.eval_split`` (0: only at the end).
   checkpoint_every    steps between checkpoints (0: only at the end and on preemption).
-  keep_checkpoints    the newest checkpoints kept (the best one by test accuracy is kept as well).
+  keep_checkpoints    the newest checkpoints kept (the best one by the evaluation's accuracy, MAE: its loss, is
+                      kept as well).
   mesh.data, mesh.fsdp, mesh.tensor   device-mesh axis sizes (within one slice); one may be -1 (the remaining
                       devices).
   mesh.dcn_data, mesh.dcn_fsdp, mesh.dcn_tensor   slices along each axis (multi-slice TPU; processes where devices
