@@ -1,4 +1,4 @@
-"""Our JPEG train input path against a big_vision-style tf.data pipeline, on the same JPEG bytes (issue 24).
+"""Our JPEG train input path against a big_vision-style tf.data pipeline, on the same JPEG bytes.
 
     python benchmarks/bench_input_peer.py [--workers 1 2] [--batches 20] [--rounds 3] [--baseline DIR] [--out FILE]
 

@@ -1,4 +1,4 @@
-"""The JPEG train path stage by stage, this checkout against an earlier one, in one process (issue 24).
+"""The JPEG train path stage by stage, this checkout against an earlier one, in one process.
 
     python benchmarks/bench_input_stages.py --baseline DIR [--repeats 7] [--jpeg-shape 375 500] [--json]
 

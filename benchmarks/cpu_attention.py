@@ -1,4 +1,4 @@
-"""Attention forms in the full CPU train step, compiled in one process and timed alternately (issue 15, item 4).
+"""Attention forms in the full CPU train step, compiled in one process and timed alternately.
 
     python benchmarks/cpu_attention.py [--repeats 7] [--out FILE]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of layerscale-jax (issue 7): the GPU benchmarks, then the GPU-relevant tests, in under 8 minutes.
+# GPU check of layerscale-jax: the GPU benchmarks, then the GPU-relevant tests, in under 8 minutes.
 #
 #   bash benchmarks/gpu_check.sh            # results under $OUT (default: ./gpu_results)
 #
