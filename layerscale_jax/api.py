@@ -179,13 +179,13 @@ def load_run(workdir: str | Path, *, step: int | None = None, ema: bool | None =
     one stored with the checkpoint. Raises ``UserError`` for a missing directory, ``FileNotFoundError`` /
     ``ValueError`` naming the workdir when it holds no usable checkpoint (or not ``step``).
     """
-    from layerscale_jax.convert.pretrained import load_workdir, workdir_checkpoint, workdir_config
+    from layerscale_jax.convert.pretrained import checkpoint_config, load_workdir, workdir_checkpoint
 
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise UserError(f"workdir {str(workdir)!r} does not exist")
-    step, _ = workdir_checkpoint(workdir, step)
-    model, _ = load_workdir(workdir, step=step, ema=ema)
+    step, directory = checkpoint = workdir_checkpoint(workdir, step)      # its files hashed once, here
+    model, _ = load_workdir(workdir, ema=ema, checkpoint=checkpoint)
     model.eval()
     results = None
     if (workdir / "results.json").is_file():
@@ -196,7 +196,7 @@ def load_run(workdir: str | Path, *, step: int | None = None, ema: bool | None =
     if (workdir / "metrics.jsonl").is_file():         # a torn last line is dropped with a warning
         history = [record for _, record in metrics_lines(epath.Path(workdir) / "metrics.jsonl")
                    if record["step"] <= step]
-    config = ml_collections.ConfigDict(workdir_config(workdir, step))
+    config = ml_collections.ConfigDict(checkpoint_config(directory))
     return Run(config=config, model=model, step=step, results=results, history=history, workdir=workdir)
 
 

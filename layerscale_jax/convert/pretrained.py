@@ -255,10 +255,10 @@ def workdir_checkpoint(workdir: str | Path, step: int | None = None) -> tuple[in
 def workdir_config(workdir: str | Path, step: int | None = None) -> dict:
     """The experiment config stored with a training workdir's newest complete checkpoint (or ``step``'s)."""
     _, directory = workdir_checkpoint(workdir, step)
-    return _stored_config(directory)
+    return checkpoint_config(directory)
 
 
-def _stored_config(directory: Path) -> dict:
+def checkpoint_config(directory: Path) -> dict:
     """The experiment config stored in the checkpoint ``directory`` (checked already)."""
     config_file = directory / "config" / "metadata"
     try:
@@ -284,7 +284,7 @@ def _workdir_source(workdir: Path, step: int | None = None, ema: bool | None = N
     import orbax.checkpoint as ocp
 
     step, directory = checkpoint or workdir_checkpoint(workdir, step)
-    _, cfg = _workdir_model_config(_stored_config(directory))
+    _, cfg = _workdir_model_config(checkpoint_config(directory))
     state_dir = (directory / "state").absolute()
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
@@ -602,12 +602,14 @@ def load_model(path: str | Path, *, rngs: nnx.Rngs | None = None, **overrides) -
 
 
 def load_workdir(workdir: str | Path, *, step: int | None = None, ema: bool | None = None,
-                 rngs: nnx.Rngs | None = None, **overrides) -> tuple[nnx.Module, str]:
+                 rngs: nnx.Rngs | None = None, checkpoint: tuple[int, Path] | None = None,
+                 **overrides) -> tuple[nnx.Module, str]:
     """``(model, registry name)``: the model a training run built (from the config stored with its checkpoint,
     ``overrides`` on top, e.g. ``scan_layers``) holding the parameters of its newest complete checkpoint (or of
     ``step``). ``ema``: True for the EMA of the parameters, False for the parameters, None (default) for the EMA
-    when the run kept one (the weights its evaluation used)."""
-    checkpoint = workdir_checkpoint(workdir, step)
-    name, cfg = _workdir_model_config(_stored_config(checkpoint[1]), **overrides)
+    when the run kept one (the weights its evaluation used). ``checkpoint``: ``workdir_checkpoint``'s answer when
+    the caller has it already (its files are not hashed again; ``step`` is then not used)."""
+    checkpoint = checkpoint or workdir_checkpoint(workdir, step)
+    name, cfg = _workdir_model_config(checkpoint_config(checkpoint[1]), **overrides)
     source = _workdir_source(Path(workdir), ema=ema, checkpoint=checkpoint)
     return _build_and_load(lambda r: create_from_config(cfg, rngs=r), source, rngs), name
