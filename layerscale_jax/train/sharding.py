@@ -66,15 +66,15 @@ def _sizes(mesh_config: Mapping[str, int], fields: Sequence[str], allow_fill: bo
     return sizes
 
 
-def validate_mesh_config(mesh_config: Mapping[str, int]) -> dict[str, int]:
+def validate_mesh_config(mesh_config: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
     """``config.train.mesh`` checked field by field: ``data``, ``fsdp``, ``tensor`` positive integers or -1 (at
-    most one), ``dcn_*`` positive integers. Returns the within-granule sizes."""
+    most one), ``dcn_*`` positive integers. Returns ``(within-granule sizes, dcn_* sizes)``."""
     ici = _sizes(mesh_config, MESH_AXES, allow_fill=True)
-    _sizes(mesh_config, DCN_AXES, allow_fill=False)
+    dcn = _sizes(mesh_config, DCN_AXES, allow_fill=False)
     fill = [a for a in MESH_AXES if ici[a] == -1]
     if len(fill) > 1:
         raise ValueError(f"train.mesh: at most one of data, fsdp, tensor may be -1, got {', '.join(fill)} = -1")
-    return ici
+    return ici, dcn
 
 
 def mesh_devices(mesh_config: Mapping[str, int], devices: Sequence[Any]) -> np.ndarray:
@@ -90,8 +90,7 @@ def mesh_devices(mesh_config: Mapping[str, int], devices: Sequence[Any]) -> np.n
     devices = list(devices)
     if not devices:
         raise ValueError("no devices to build the mesh from")
-    ici = validate_mesh_config(mesh_config)
-    dcn = _sizes(mesh_config, DCN_AXES, allow_fill=False)
+    ici, dcn = validate_mesh_config(mesh_config)
     dcn_shape = tuple(dcn[f"dcn_{a}"] for a in MESH_AXES)
     kind, groups = granules(devices)
     if kind == "process" and math.prod(dcn_shape) == 1:
