@@ -129,6 +129,8 @@ def gather_from_all(value) -> list:
 # (its commit time). They hold no train state.
 REWRITTEN_AT_COMMIT = ("_CHECKPOINT_METADATA", "commit_success.txt")
 _TEMPORARY = re.compile(r"\.orbax-checkpoint-tmp[^/]*(?=/|$)")  # an item's directory before orbax finalises the step
+
+
 def check_free_space(directory: epath.Path, state) -> None:
     """Before an async save starts: ``OSError(ENOSPC)`` on every process when the disk of a local ``directory``
     has less space free than the bytes some process's share of ``state`` takes (orbax's zstd barely shrinks
