@@ -25,6 +25,18 @@ def is_url(path) -> bool:
     return _SCHEME.match(os.fspath(path)) is not None
 
 
+def write_text_atomically(path: epath.Path, text: str) -> None:
+    """Replace the file ``path`` by ``text`` whole: a job killed while writing leaves the old file or the new one,
+    never a torn one (a local file is written beside it, then renamed over it; an object store replaces an object
+    whole anyway)."""
+    if is_url(path):
+        path.write_text(text)
+        return
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def as_path(path, field: str = "path") -> epath.Path:
     """The ``epath.Path`` of ``path`` as a user wrote it (see the module docstring); ``field`` names it in the
     one-line error for an unsupported scheme."""

@@ -12,7 +12,7 @@ from etils import epath
 
 from layerscale_jax.cli import UserError
 from layerscale_jax.data.sources import resolve_data_dir
-from layerscale_jax.paths import as_path
+from layerscale_jax.paths import as_path, write_text_atomically
 from layerscale_jax.train import loop as loop_lib
 
 from cloud_bucket import cloud_bucket
@@ -134,3 +134,21 @@ def test_an_empty_compilation_cache_dir_leaves_the_cache_off(monkeypatch):
 
 def test_gs_paths_stay_epath_urls():
     assert isinstance(as_path("gs://bucket/x"), epath.Path) and str(as_path("gs://bucket/x") / "y") == "gs://bucket/x/y"
+
+
+def test_a_json_file_of_a_run_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """results.json, config.json, metrics.jsonl's truncation and the checkpoints' side files go through
+    ``write_text_atomically``: a job killed while writing one leaves the previous file intact."""
+    path = epath.Path(tmp_path) / "results.json"
+    write_text_atomically(path, '{"steps": 1}')
+    assert json.loads(path.read_text()) == {"steps": 1} and sorted(os.listdir(tmp_path)) == ["results.json"]
+
+    def killed_midway(self, text, *args, **kwargs):
+        with open(self, "w") as f:
+            f.write(text[: len(text) // 2])              # the first half reached the disk, then the job died
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(path), "write_text", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        write_text_atomically(path, '{"steps": 2, "test_accuracy": 0.9}')
+    assert json.loads(open(path).read()) == {"steps": 1}

@@ -49,7 +49,7 @@ from orbax.checkpoint import checkpoint_managers as ocm
 
 from layerscale_jax.checksums import corruption, file_digests, list_files
 from layerscale_jax.cli import UserError
-from layerscale_jax.paths import as_path, is_url
+from layerscale_jax.paths import as_path, is_url, write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -224,9 +224,7 @@ class Checkpointer:
     @staticmethod
     def _write_json(path: epath.Path, value) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / (path.name + ".tmp")
-        tmp.write_text(json.dumps(value))
-        tmp.replace(path)                          # atomic; overwrites a side file of an earlier attempt
+        write_text_atomically(path, json.dumps(value))     # overwrites a side file of an earlier attempt
 
     # -- the seal (see the module docstring) ----------------------------------------------------------------------
     def _writing_dir(self, step: int) -> epath.Path:

@@ -22,7 +22,7 @@ from flax import nnx
 from layerscale_jax import data as data_lib
 from layerscale_jax import optim
 from layerscale_jax.models import create_model
-from layerscale_jax.paths import as_path
+from layerscale_jax.paths import as_path, write_text_atomically
 from layerscale_jax.runtime import stop_signals
 from layerscale_jax.data.sharding import process_batch_rows
 from layerscale_jax.train import sharding as shard_lib
@@ -410,7 +410,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                "train_seconds": train_seconds, "nonfinite_steps": int(jax.device_get(state["nonfinite_steps"])),
                "model": arch, "resumed_from_step": start_step if restored is not None else None}
     if is_primary:
-        results_path.write_text(json.dumps(results, indent=2))
+        write_text_atomically(results_path, json.dumps(results, indent=2))
         metrics = (f"{trainer.task.prefix}_accuracy", f"{trainer.task.prefix}_loss")
         tested = ", ".join(f"{k.replace('_', ' ')} {results[k]:.4f}" for k in metrics if k in results)
         print(f"{tested} after {step} steps ({train_seconds:.1f} s)\n"

@@ -14,7 +14,7 @@ import time
 from etils import epath
 
 from layerscale_jax.cli import UserError
-from layerscale_jax.paths import as_path, is_url
+from layerscale_jax.paths import as_path, is_url, write_text_atomically
 
 # Config fields that may differ between the run that wrote a workdir and the run that resumes it: they change how
 # long the run goes on, what it logs, how it is laid out on devices, not what the checkpoints hold.
@@ -86,7 +86,7 @@ def check_stored_config(workdir: epath.Path, config_json: dict, has_checkpoints:
                 f"stored config ({path}) or use a new --workdir")
     else:
         accepted = []
-    path.write_text(json.dumps(config_json, indent=2))
+    write_text_atomically(path, json.dumps(config_json, indent=2))
     return accepted
 
 
@@ -186,7 +186,7 @@ def truncate_metrics(path: epath.Path, last_step: int) -> None:
     text = path.read_text()
     kept = "".join(line + "\n" for line, record in metrics_lines(path, text) if record["step"] <= last_step)
     if kept != text:
-        path.write_text(kept)
+        write_text_atomically(path, kept)
 
 
 def check_resumable(workdir: epath.Path, checkpoints: epath.Path, latest_step: int | None, steps: int) -> None:
