@@ -39,15 +39,21 @@ class Output:
         self._thread = threading.Thread(target=lambda: self.lines.extend(proc.stdout), daemon=True)
         self._thread.start()
 
-    def wait_for_train_step_compile(self, timeout=240) -> None:
+    def wait_for(self, seen, what: str, timeout=240) -> None:
+        """Until ``seen(lines so far)`` holds; fails if the process ends first or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            compiled = [m.group(1) for line in list(self.lines) if (m := re.search(r"Compiling jit\((.*?)\)", line))]
-            if STATE_INIT in compiled[:-1]:
+            if seen(list(self.lines)):
                 return
             assert self.proc.poll() is None, self.text()
             time.sleep(0.01)
-        raise AssertionError("the train step was not compiled in time:\n" + self.text())
+        raise AssertionError(f"{what} did not happen in time:\n" + self.text())
+
+    def wait_for_train_step_compile(self, timeout=240) -> None:
+        def compiled(lines):
+            names = [m.group(1) for line in lines if (m := re.search(r"Compiling jit\((.*?)\)", line))]
+            return STATE_INIT in names[:-1]
+        self.wait_for(compiled, "the train step's compilation", timeout)
 
     def finish(self, timeout=240) -> str:
         self.proc.wait(timeout=timeout)
@@ -146,9 +152,11 @@ def _signal_during_compile(workdir, *signals):
                             stderr=subprocess.STDOUT, text=True)
     with running([proc]) as (out,):
         out.wait_for_train_step_compile()
-        for signum in signals:
+        for handled, signum in enumerate(signals):
             proc.send_signal(signum)
-            time.sleep(0.05)
+            if handled + 1 < len(signals):       # the next one only after the handler has seen this one
+                out.wait_for(lambda lines: sum(line.startswith("received ") for line in lines) > handled,
+                             f"the handling of signal {handled + 1}")
         return out.finish(), proc.returncode
 
 
