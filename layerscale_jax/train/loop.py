@@ -348,53 +348,52 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
         train_start = time.time()
         eval_results: dict[str, float] = {}
         preempted = False
-        with stop_signals as preemption:           # installed by train_and_evaluate already
-            while step < tc.steps:
-                waited_from = time.perf_counter()       # the step is dispatched asynchronously: time spent here
-                host_batch = next(train_iter)           # is time the input pipeline kept the loop waiting
-                input_wait += time.perf_counter() - waited_from
-                batch = data_lib.to_global_batch(host_batch, mesh, tc.batch_size)
-                state, metrics = train_step(state, batch)
-                step += 1
-                pending.append(metrics)
+        while step < tc.steps:
+            waited_from = time.perf_counter()       # the step is dispatched asynchronously: time spent here
+            host_batch = next(train_iter)           # is time the input pipeline kept the loop waiting
+            input_wait += time.perf_counter() - waited_from
+            batch = data_lib.to_global_batch(host_batch, mesh, tc.batch_size)
+            state, metrics = train_step(state, batch)
+            step += 1
+            pending.append(metrics)
 
-                if step % tc.log_every == 0 or step == tc.steps:
-                    fetched = jax.device_get(pending)
-                    pending = []
-                    if not all(m["finite"] for m in fetched) and tc.nonfinite == "raise":
-                        bad = step - len(fetched) + next(i for i, m in enumerate(fetched) if not m["finite"])
-                        raise NonFiniteError(_nonfinite_message(bad + 1, checkpointer))
-                    now = time.time()
-                    scalars = {k: _window_mean([m[k] for m in fetched]) for k in fetched[0]
-                               if k.startswith("train_") or k == "grad_norm"}
-                    scalars["learning_rate"] = float(fetched[-1]["learning_rate"])
-                    scalars["img_per_s"] = (step - last_log_step) * tc.batch_size / max(now - last_log_time, 1e-9)
-                    scalars["nonfinite_steps"] = float(jax.device_get(state["nonfinite_steps"]))
-                    scalars["bad_records"] = float(train_iter.bad_records)
-                    wait_ms = 1e3 * input_wait / max(step - last_log_step, 1)   # console only: timing, not a record
-                    last_log_time, last_log_step, input_wait = now, step, 0.0
-                    writer.write(step, scalars)
-                    writer.progress(step, {**scalars, "input_wait_ms": wait_ms})
+            if step % tc.log_every == 0 or step == tc.steps:
+                fetched = jax.device_get(pending)
+                pending = []
+                if not all(m["finite"] for m in fetched) and tc.nonfinite == "raise":
+                    bad = step - len(fetched) + next(i for i, m in enumerate(fetched) if not m["finite"])
+                    raise NonFiniteError(_nonfinite_message(bad + 1, checkpointer))
+                now = time.time()
+                scalars = {k: _window_mean([m[k] for m in fetched]) for k in fetched[0]
+                           if k.startswith("train_") or k == "grad_norm"}
+                scalars["learning_rate"] = float(fetched[-1]["learning_rate"])
+                scalars["img_per_s"] = (step - last_log_step) * tc.batch_size / max(now - last_log_time, 1e-9)
+                scalars["nonfinite_steps"] = float(jax.device_get(state["nonfinite_steps"]))
+                scalars["bad_records"] = float(train_iter.bad_records)
+                wait_ms = 1e3 * input_wait / max(step - last_log_step, 1)   # console only: timing, not a record
+                last_log_time, last_log_step, input_wait = now, step, 0.0
+                writer.write(step, scalars)
+                writer.progress(step, {**scalars, "input_wait_ms": wait_ms})
 
-                is_eval = (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps
-                if is_eval:
-                    eval_params = state["ema"] if use_ema else state["params"]
-                    eval_results = evaluate(eval_step, eval_params, config, mesh, trainer.task)
-                    trainer.task.after_evaluation(trainer, eval_params, step, workdir)
-                    eval_scalars = dict(eval_results)
-                    if trainer.diagnostics is not None:
-                        eval_scalars.update(to_floats(trainer.diagnostics(state["params"], diagnostics_batch)))
-                    writer.write(step, eval_scalars)
-                    writer.progress(step, eval_results)
-                if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.steps:
-                    save(step, metrics=eval_results if is_eval else None, window=_host_window(pending))
+            is_eval = (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps
+            if is_eval:
+                eval_params = state["ema"] if use_ema else state["params"]
+                eval_results = evaluate(eval_step, eval_params, config, mesh, trainer.task)
+                trainer.task.after_evaluation(trainer, eval_params, step, workdir)
+                eval_scalars = dict(eval_results)
+                if trainer.diagnostics is not None:
+                    eval_scalars.update(to_floats(trainer.diagnostics(state["params"], diagnostics_batch)))
+                writer.write(step, eval_scalars)
+                writer.progress(step, eval_results)
+            if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.steps:
+                save(step, metrics=eval_results if is_eval else None, window=_host_window(pending))
 
-                stop_slot = tc.stop_after_steps and step - start_step >= tc.stop_after_steps
-                if (preemption.reached_sync_point(step + 1) or stop_slot) and step < tc.steps:
-                    save(step, window=_host_window(pending))
-                    preempted = True
-                    print(f"stopped at step {step}; checkpoint saved in {checkpointer.directory}", flush=True)
-                    break
+            stop_slot = tc.stop_after_steps and step - start_step >= tc.stop_after_steps
+            if (stop_signals.reached_sync_point(step + 1) or stop_slot) and step < tc.steps:
+                save(step, window=_host_window(pending))
+                preempted = True
+                print(f"stopped at step {step}; checkpoint saved in {checkpointer.directory}", flush=True)
+                break
 
         if not preempted and step == start_step:    # restored at the last step: the run ended before its results
             eval_results = evaluate(eval_step, state["ema"] if use_ema else state["params"], config, mesh,
