@@ -10,7 +10,7 @@ on the offline `digits` data, every hyper-parameter identical across columns exc
 (``--protocol``, outputs under ``experiments/results/depth_ablation_converged/<stage>/``) selects on the validation
 split only and reports test accuracy of final runs only:
 
-    python experiments/depth_ablation.py --protocol budget   # step count: converged_step on validation curves
+    python experiments/depth_ablation.py --protocol budget   # step count: runs of each length (converged_budget)
     python experiments/depth_ablation.py --protocol rates    # rate per column × depth, bracketed (swept_rates)
     python experiments/depth_ablation.py --protocol final    # FINAL_SEEDS seeds at both rate choices, train → test
 
@@ -18,7 +18,7 @@ Each stage writes a run's record to ``<stage>/runs/<run id>.json`` when it ends 
 so a stopped stage resumes; ``--shard I/N`` trains every N-th run from the I-th (one of N machines), and the same
 command without ``--shard`` on the merged ``runs/`` folders trains what is missing and writes the outputs. A run
 whose loss or gradient norm turns non-finite stops there, recorded with ``diverged=True``. Outputs: ``budget.json``
-/ ``.md`` / ``budget_curves.png``; ``rates.json`` / ``.md``; per final protocol (``per_depth``, ``one_rate``)
+/ ``.md`` / ``budget.png``; ``rates.json`` / ``.md``; per final protocol (``per_depth``, ``one_rate``)
 ``table.md`` (mean and t-based 95% CI over converged runs, divergence counted apart), ``comparisons.md`` (Welch),
 ``results.csv`` and the figures of ``depth_ablation_plots``.
 
@@ -104,8 +104,9 @@ LR_SWEEP_RATES = (1e-3, 2e-3, 5e-3, 1e-2, 2e-2)
 # The protocol (issue: a depth ablation a reviewer would accept). Every choice is made on the validation split
 # (285 stratified training images held out; the models train on the other 1,157); only final runs see the test
 # split, trained on all 1,442 training images.
-#   1. budget: the two best schemes at depths 24 and 96 for BUDGET_STEPS, validation every BUDGET_EVAL_EVERY steps;
-#      the step count is the first at which the criterion (``converged_step``) holds from there on in every cell.
+#   1. budget: the two best schemes at depths 24 and 96, one whole run per step count in BUDGET_STEPS; the step
+#      count is the shortest from which no longer run ends higher by one binomial standard error of the validation
+#      accuracy (``vp.converged_budget``), in every cell.
 #   2. rates: every column at every depth over RATE_LADDER_START, extended along the 1-2-5 ladder until the best
 #      rate is strictly inside the swept range (at most MAX_EXTENSIONS more rates per cell).
 #   3. final: every column at every depth, FINAL_SEEDS seeds, (a) each at its best rate per depth and (b) each at
@@ -121,13 +122,12 @@ COLUMNS = tuple((s, True) for s in DEFAULT_SCHEMES) + (("rezero", False), ("skip
 REFERENCE = ("layerscale", True)   # the column the comparisons test every other column against
 BUDGET_COLUMNS = (("layerscale", True), ("skipinit", True))
 BUDGET_DEPTHS = (24, 96)
-BUDGET_STEPS = 3000
+BUDGET_STEPS = (500, 1000, 2000, 3000)   # candidate budgets: one whole run (warm-up, cosine to 0) per candidate
 BUDGET_EVAL_EVERY = 100
 BUDGET_RATE = 1e-2
 BUDGET_SEEDS = (0,)
-CONVERGENCE_POINTS = 0.5         # validation accuracy changes by less than this over the last quarter
 RATE_DEPTHS = DEPTHS
-RATE_LADDER_START = (1e-3, 2e-3, 5e-3, 1e-2, 2e-2)
+RATE_LADDER_START = (5e-3, 1e-2, 2e-2)    # the budget's rate and its ladder neighbours; bracketing extends
 MAX_EXTENSIONS = 3
 FINAL_SEEDS = (0, 1, 2, 3, 4)
 CONVERGED_OUT = os.path.join(ROOT, "experiments", "results", "depth_ablation_converged")
@@ -284,7 +284,9 @@ def run_sweep(specs: list[RunSpec], sizing: Sizing, out: str, dataset: str = "di
 # ---------------------------------------------------------------------------------------------------------------
 def budget_specs(columns=BUDGET_COLUMNS, depths=BUDGET_DEPTHS, seeds=BUDGET_SEEDS, steps=BUDGET_STEPS,
                  rate=BUDGET_RATE) -> list[RunSpec]:
-    return [RunSpec(d, s, w, k, rate, "budget", steps) for k in seeds for d in depths for s, w in columns]
+    """One run per candidate step count in ``steps`` (each with its own warm-up and cosine decay), cheapest first."""
+    return [RunSpec(d, s, w, k, rate, "budget", t) for t in sorted(steps) for k in seeds for d in depths
+            for s, w in columns]
 
 
 def budget_sizing(sizing: Sizing, steps: int, eval_every: int) -> Sizing:
@@ -294,29 +296,53 @@ def budget_sizing(sizing: Sizing, steps: int, eval_every: int) -> Sizing:
     return dataclasses.replace(sizing, steps=steps, evals=steps // eval_every)
 
 
-def budget_curves(records: list[dict]) -> dict[tuple[str, bool, int], list[tuple[int, float]]]:
-    """``{(scheme, warm-up, depth): [(step, validation accuracy %)]}``, the mean over the cell's seeds. A diverged
-    budget run is an error: its curve cannot say when training converges (choose a lower --budget_rate)."""
+def _budget_records(records: list[dict]) -> list[dict]:
+    """The budget runs, checked: validation only; a diverged budget run is an error (its final accuracy cannot
+    say when training converges: choose a lower --budget_rate)."""
     vp.require_validation(records, "--protocol budget")
     diverged = [r["run_id"] for r in records if r["diverged"]]
     if diverged:
         raise ValueError(f"budget runs diverged: {diverged}; choose a lower --budget_rate")
-    return vp.mean_validation_curves(records, lambda r: (r["scheme"], r["warmup"], r["depth"]))
+    return records
 
 
-def choose_budget(records: list[dict], tolerance: float = CONVERGENCE_POINTS) -> dict:
-    """The step count of the final runs: the largest of the cells' ``converged_step`` (every cell has converged
-    by then). ``{"steps": n, "cells": {cell label: its converged step}}``; a cell that has not converged within
-    its runs is a ValueError naming it (run longer: --budget_steps)."""
-    curves = budget_curves(records)
-    if not curves:
+def budget_finals(records: list[dict]) -> dict[tuple[str, bool, int], dict[int, float]]:
+    """``{(scheme, warm-up, depth): {steps: final validation accuracy %}}``, the mean over each run length's seeds."""
+    cells: dict = {}
+    for r in _budget_records(records):
+        cells.setdefault((r["scheme"], r["warmup"], r["depth"]), {}).setdefault(r["steps"], []).append(
+            100 * vp.accuracy(r))
+    return {cell: {t: sum(a) / len(a) for t, a in sorted(runs.items())} for cell, runs in cells.items()}
+
+
+def budget_curves(records: list[dict]) -> dict[tuple[str, bool, int, int], list[tuple[int, float]]]:
+    """``{(scheme, warm-up, depth, steps): [(step, validation accuracy %)]}``: each run length's validation curve,
+    the mean over its seeds."""
+    return vp.mean_validation_curves(_budget_records(records),
+                                     lambda r: (r["scheme"], r["warmup"], r["depth"], r["steps"]))
+
+
+def choose_budget(records: list[dict], validation_images: int, tolerance: float | None = None) -> dict:
+    """The step count of the rate and final runs: per cell, ``vp.converged_budget`` over its runs of each length
+    with a tolerance of one binomial standard error of the longest run's accuracy on ``validation_images`` images
+    (``tolerance``: a fixed number of points instead); the budget is the largest cell's (every cell has converged
+    by then). A cell that no shorter run comes close to is a ValueError naming it (add a longer --budget_steps)."""
+    finals = budget_finals(records)
+    if not finals:
         raise ValueError("--protocol budget: no finished budget runs")
-    cells = {f"{_label(s, w)}, depth {d}": vp.converged_step(c, tolerance) for (s, w, d), c in sorted(curves.items())}
-    late = [cell for cell, step in cells.items() if step is None]
+    cells, tolerances = {}, {}
+    for (s, w, d), runs in sorted(finals.items()):
+        name = f"{_label(s, w)}, depth {d}"
+        tolerances[name] = (tolerance if tolerance is not None
+                            else vp.binomial_standard_error(runs[max(runs)], validation_images))
+        cells[name] = vp.converged_budget(runs, tolerances[name])
+    late = [f"{cell} (±{tolerances[cell]:.2f})" for cell, steps in cells.items() if steps is None]
     if late:
-        raise ValueError(f"validation accuracy still changes by ≥ {tolerance} points over the last quarter at the "
-                         f"end of the budget runs of {late}; run longer (--budget_steps)")
-    return {"steps": max(cells.values()), "cells": cells, "tolerance_points": tolerance}
+        raise ValueError(f"no shorter budget run ends within the tolerance of the longest for {late}; add a longer "
+                         "run (--budget_steps)")
+    return {"steps": max(cells.values()), "cells": cells, "tolerance_points": tolerances,
+            "validation_images": validation_images,
+            "finals": {f"{_label(s, w)}, depth {d}": runs for (s, w, d), runs in sorted(finals.items())}}
 
 
 def _cell_records(records, scheme, warmup, depth):
@@ -510,24 +536,38 @@ def _first_seed(records: list[dict], depth: int) -> list[dict]:
     return [chosen[c] for c in _column_names(records) if c in chosen]
 
 
-def write_budget_report(out: str, tolerance: float = CONVERGENCE_POINTS) -> dict[str, str]:
-    """``budget.json`` (the chosen step count and each cell's converged step), ``budget.md`` and
-    ``budget_curves.png`` from the budget runs in ``out``."""
+def validation_images() -> int:
+    """The size of the digits validation split the selection runs evaluate."""
+    from layerscale_jax.data import get_dataset_info
+    return get_dataset_info(make_config(budget_specs()[0], PROTOCOL_SIZING).data).num_test
+
+
+def write_budget_report(out: str, tolerance: float | None = None) -> dict[str, str]:
+    """``budget.json`` (the chosen step count, each cell's converged length, final accuracies and tolerance),
+    ``budget.md`` and ``budget.png`` from the budget runs in ``out``."""
     records = load_records(out)
-    choice = choose_budget(records, tolerance)
+    choice = choose_budget(records, validation_images(), tolerance)
     sweep.save_json(os.path.join(out, "budget.json"), choice)
-    rows = [[cell, step] for cell, step in choice["cells"].items()]
+    lengths = sorted({t for runs in choice["finals"].values() for t in runs})
+    rows = [[cell] + [f"{runs[t]:.1f}" if t in runs else "—" for t in lengths]
+            + [f"{choice['tolerance_points'][cell]:.2f}", choice["cells"][cell]]
+            for cell, runs in choice["finals"].items()]
     rate = ", ".join(sorted({f"{r['learning_rate']:g}" for r in records}))
+    rule = ("one binomial standard error of the longest run's accuracy on the "
+            f"{choice['validation_images']} validation images" if tolerance is None else f"{tolerance} points")
     with open(os.path.join(out, "budget.md"), "w") as f:
-        f.write(f"Budget ({describe(records, 'budget', f'rate {rate}')}): the first evaluated step from which "
-                f"validation accuracy (mean over seeds) changes by < {tolerance} points over the last quarter "
-                f"(|acc(t) − acc(0.75 t)|, linear between evaluations), in every cell below.\n\n"
-                + sweep.markdown_table(["cell", "converged from step"], rows)
+        f.write(f"Budget ({describe(records, 'budget', f'rate {rate}')}): one whole run per step count (its own "
+                "warm-up and cosine decay to zero), final validation accuracy (%, mean over seeds). A cell has "
+                "converged at the shortest step count from which no run shorter than the longest ends "
+                f"a tolerance or more below the longest; tolerance: {rule}.\n\n"
+                + sweep.markdown_table(["cell"] + [f"{t} steps" for t in lengths] + ["tolerance", "converged at"],
+                                       rows)
                 + f"\nChosen budget: **{choice['steps']} steps** (the largest).\n")
-    plots.plot_budget_curves(budget_curves(records), choice["steps"], os.path.join(out, "budget_curves.png"),
-                             title=describe(records, "budget", f"rate {rate}") + f"; chosen {choice['steps']} steps")
+    rate_title = describe(records, "budget", f"rate {rate}")
+    plots.plot_budget(budget_finals(records), budget_curves(records), choice["steps"],
+                      os.path.join(out, "budget.png"), title=f"{rate_title}; chosen {choice['steps']} steps")
     return {"budget": os.path.join(out, "budget.json"), "budget_md": os.path.join(out, "budget.md"),
-            "budget_curves": os.path.join(out, "budget_curves.png")}
+            "budget_figure": os.path.join(out, "budget.png")}
 
 
 def write_rates_report(out: str, columns=COLUMNS, depths=RATE_DEPTHS, **sweep_kwargs) -> dict[str, str]:
@@ -749,12 +789,12 @@ def _load_rates(out: str) -> dict:
 def run_protocol(protocol: str, out: str, *, steps: int | None = None, columns=COLUMNS, depths=None, seeds=None,
                  which_shard=None, report_only: bool = False, budget=None, budget_columns=BUDGET_COLUMNS,
                  sizing: Sizing = PROTOCOL_SIZING,
-                 rate_start=RATE_LADDER_START, max_extensions=MAX_EXTENSIONS, tolerance: float = CONVERGENCE_POINTS,
+                 rate_start=RATE_LADDER_START, max_extensions=MAX_EXTENSIONS, tolerance: float | None = None,
                  command: str | None = None, log=print) -> dict[str, str]:
     """One stage of the protocol into ``out/<protocol>/`` (``budget``, ``rates``, ``final``): train what is missing
     (``which_shard``: this machine's share only, then stop), then write the stage's outputs from every finished
     record. ``budget``: ``(steps, eval_every, rate)`` of the ``budget_columns`` runs (those of them in
-    ``columns``); ``tolerance``: the budget criterion's points. Returns
+    ``columns``); ``tolerance``: the budget criterion's points (default: the validation resolution). Returns
     ``{what: path}`` (empty for a shard)."""
     stage = os.path.join(out, protocol)
     if protocol == "budget":
@@ -764,7 +804,9 @@ def run_protocol(protocol: str, out: str, *, steps: int | None = None, columns=C
             raise ValueError(f"--schemes leaves none of the budget columns {[_label(*c) for c in budget_columns]}")
         specs = budget_specs(b_columns, depths or BUDGET_DEPTHS, seeds or BUDGET_SEEDS, b_steps, rate)
         if not report_only:
-            run_sweep(sweep.shard(specs, which_shard), budget_sizing(sizing, b_steps, every), stage, log=log)
+            for t in sorted(set(b_steps)):
+                run_sweep(sweep.shard([s for s in specs if s.steps == t], which_shard),
+                          budget_sizing(sizing, t, every), stage, log=log)
     elif protocol == "rates":
         steps = _steps_from_budget(out, steps)
         if not report_only:
@@ -804,7 +846,8 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="rates/final: steps per run (default: OUT/budget/budget.json); early: override "
                              f"SIZING.steps ({SIZING.steps})")
-    parser.add_argument("--budget_steps", type=int, default=BUDGET_STEPS)
+    parser.add_argument("--budget_steps", type=int, nargs="+", default=list(BUDGET_STEPS),
+                        help="candidate step counts of the budget stage, one whole run each")
     parser.add_argument("--budget_eval_every", type=int, default=BUDGET_EVAL_EVERY)
     parser.add_argument("--budget_rate", type=float, default=BUDGET_RATE)
     parser.add_argument("--report", action="store_true", help="only rewrite the outputs from finished runs")
@@ -837,12 +880,13 @@ def main(argv=None) -> None:
             values = getattr(args, field)
             if values is not None and any(v < 1 if field == "depths" else v < 0 for v in values):
                 raise ValueError(f"--{field}={values}: depths must be ≥ 1 and seeds ≥ 0")
-        for field in ("steps", "budget_steps", "budget_eval_every"):
+        for field in ("steps", "budget_eval_every"):
             value = getattr(args, field)
             if value is not None and value < 1:
                 raise ValueError(f"--{field}={value} must be ≥ 1")
-        if args.budget_steps % args.budget_eval_every:
-            raise ValueError(f"--budget_steps={args.budget_steps} must be a multiple of --budget_eval_every="
+        bad = [t for t in args.budget_steps if t < 1 or t % args.budget_eval_every]
+        if bad:
+            raise ValueError(f"--budget_steps={bad}: each must be a positive multiple of --budget_eval_every="
                              f"{args.budget_eval_every}")
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
@@ -867,8 +911,8 @@ def main(argv=None) -> None:
         paths = run_protocol(args.protocol, args.out or CONVERGED_OUT, steps=args.steps, columns=columns,
                              depths=tuple(args.depths) if args.depths else None,
                              seeds=tuple(args.seeds) if args.seeds is not None else None, which_shard=which_shard,
-                             report_only=args.report,
-                             budget=(args.budget_steps, args.budget_eval_every, args.budget_rate), command=command)
+                             report_only=args.report, command=command,
+                             budget=(tuple(args.budget_steps), args.budget_eval_every, args.budget_rate))
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     for what, path in paths.items():

@@ -182,19 +182,28 @@ def plot_ratio_init_end(runs: list[dict], depth: int, path: str, *, title: str) 
     plt.close(fig)
 
 
-def plot_budget_curves(curves: dict, chosen: int | None, path: str, *, title: str) -> None:
-    """Validation accuracy (%) against step of each budget cell (``{(scheme, warmup, depth): [(step, acc)]}``, the
-    mean over its seeds), the chosen step count as a vertical line and its last quarter shaded."""
+def plot_budget(finals: dict, curves: dict, chosen: int | None, path: str, *, title: str) -> None:
+    """Left: final validation accuracy (%) of each budget cell's runs against their step count (``finals``:
+    ``{(scheme, warmup, depth): {steps: acc}}``), the chosen budget a vertical line. Right: the validation curve
+    of each cell's longest run (``curves``: ``{(scheme, warmup, depth, steps): [(step, acc)]}``), whose middle is at
+    a high learning rate: why the budget is read off whole runs. Solid: the deepest depth, dotted: the others."""
     plt = sweep.pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for (scheme, warmup, depth), curve in sorted(curves.items(), key=lambda kv: (kv[0][2], kv[0][0])):
-        steps, accs = zip(*curve)
-        ax.plot(steps, accs, color=colour(scheme), linestyle="-" if depth == max(c[2] for c in curves) else ":",
-                marker="o", markersize=2, label=f"{label(scheme, warmup)}, depth {depth}")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    deepest = max(d for _, _, d in finals)
+    for (scheme, warmup, depth), runs in sorted(finals.items(), key=lambda kv: (kv[0][2], kv[0][0])):
+        line = dict(color=colour(scheme), linestyle="-" if depth == deepest else ":", marker="o", markersize=3,
+                    label=f"{label(scheme, warmup)}, depth {depth}")
+        left.plot(list(runs), list(runs.values()), **line)
+        longest = max(runs)
+        steps, accs = zip(*curves[(scheme, warmup, depth, longest)])
+        right.plot(steps, accs, **dict(line, markersize=1.5))
     if chosen:
-        ax.axvline(chosen, color="black", linewidth=0.8)
-        ax.axvspan(0.75 * chosen, chosen, color="black", alpha=0.08, label="last quarter of the chosen budget")
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation accuracy (%), mean over seeds")
-    ax.set_title(wrap(title), fontsize=7)
-    _finish(fig, ax, path)
+        left.axvline(chosen, color="black", linewidth=0.8, label=f"chosen: {chosen} steps")
+    left.set_xlabel("steps of the run (warm-up and cosine decay scaled to it)")
+    left.set_ylabel("final validation accuracy (%)")
+    right.set_xlabel("step (within the longest run)")
+    right.set_ylabel("validation accuracy (%)")
+    right.set_ylim(max(min(a for c in curves.values() for _, a in c[1:]) - 1, 0), 100)
+    left.legend(fontsize=6)
+    fig.suptitle(wrap(title, 140), fontsize=7)
+    _finish(fig, right, path, legend=False)

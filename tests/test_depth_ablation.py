@@ -232,23 +232,29 @@ def fake_record(scheme="layerscale", warmup=True, depth=12, lr=1e-2, acc=0.9, di
             "eval_split": split, f"final_{prefix}_accuracy": acc}
 
 
-def test_the_budget_is_the_latest_converged_cell_and_a_late_cell_is_an_error():
-    def run(scheme, depth, values):
-        r = fake_record(scheme, depth=depth, protocol="budget")
-        r["evaluations"] = [{"step": 0}] + [{"step": 100 * (i + 1), "val_accuracy": v / 100}
-                                            for i, v in enumerate(values)]
+def test_the_budget_is_the_largest_cells_converged_length_within_the_validation_resolution():
+    def run(scheme, depth, steps, acc):
+        r = fake_record(scheme, depth=depth, protocol="budget", acc=acc / 100)
+        r["steps"], r["run_id"] = steps, f"{r['run_id']}_{steps}"
         return r
-    flat_early = [80, 90, 90, 90, 90, 90, 90, 90]
-    flat_late = [50, 60, 70, 80, 85, 90, 90, 90]
-    choice = da.choose_budget([run("layerscale", 24, flat_early), run("skipinit", 96, flat_late)])
-    # flat_late: at 700, 90 − acc(525) = 90 − 86.25; at 800, 90 − acc(600) = 0 → 800; flat_early from 300 on
-    assert choice["steps"] == 800 and choice["cells"]["layerscale, depth 24"] == 300
-    with pytest.raises(ValueError, match=r"run longer \(--budget_steps\)"):
-        da.choose_budget([run("skipinit", 96, [10, 20, 30, 40])])
-    test_run = run("layerscale", 24, flat_early)
+    # tolerance = one binomial standard error of the longest run on 285 images: 98.0% → 0.829, 97.0% → 1.010
+    records = [run("layerscale", 24, t, a) for t, a in {500: 96.0, 1000: 97.5, 3000: 98.0}.items()]
+    records += [run("skipinit", 96, t, a) for t, a in {500: 95.0, 1000: 95.9, 2000: 96.5, 3000: 97.0}.items()]
+    choice = da.choose_budget(records, validation_images=285)
+    assert choice["cells"] == {"layerscale, depth 24": 1000, "skipinit, depth 96": 2000}
+    assert choice["steps"] == 2000
+    assert choice["tolerance_points"]["skipinit, depth 96"] == pytest.approx(1.0105, abs=1e-4)
+    assert da.choose_budget(records, 285, tolerance=2.5)["steps"] == 500
+    with pytest.raises(ValueError, match=r"add a longer run \(--budget_steps\)"):
+        da.choose_budget(records, 285, tolerance=0.4)
+    test_run = run("layerscale", 24, 500, 90.0)
     test_run["eval_split"] = "test"
     with pytest.raises(ValueError, match="validation split only"):
-        da.choose_budget([test_run])
+        da.choose_budget([test_run], 285)
+
+
+def test_the_validation_split_of_the_budget_has_285_images():
+    assert da.validation_images() == 285
 
 
 def test_rates_are_chosen_per_depth_and_once_for_all_depths_on_validation():
@@ -276,14 +282,14 @@ def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):
     columns = (("layerscale", True), ("skipinit", False))
     tiny = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=0, evals=1, log_every=2)
     common = dict(columns=columns, depths=(1, 2), sizing=tiny, log=lambda *a: None)
-    budget = da.run_protocol("budget", out, seeds=(0,), budget=(4, 2, 1e-2), budget_columns=columns,
+    budget = da.run_protocol("budget", out, seeds=(0,), budget=((2, 4), 2, 1e-2), budget_columns=columns,
                              tolerance=100.0, **common)
-    assert json.load(open(budget["budget"]))["steps"] == 4          # step 2's ¾ precedes the first evaluation
+    assert json.load(open(budget["budget"]))["steps"] == 2          # within 100 points of the 4-step runs
     rates = da.run_protocol("rates", out, rate_start=(1e-2,), max_extensions=0, **common)
     chosen = da.rates_from_json(json.load(open(rates["rates"])))
     assert set(chosen["per_depth"]) == {c + (d,) for c in columns for d in (1, 2)}
     final = da.run_protocol("final", out, seeds=(0, 1), **common)
-    assert len(da.load_records(os.path.join(out, "budget"))) == 2 * 2
+    assert len(da.load_records(os.path.join(out, "budget"))) == 2 * 2 * 2
     for stage, splits, prefix in (("budget", ("train_without_validation", "validation"), "val"),
                                   ("rates", ("train_without_validation", "validation"), "val"),
                                   ("final", ("train", "test"), "test")):
@@ -294,7 +300,7 @@ def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):
     assert len(da.load_records(os.path.join(out, "final"))) == 2 * 2 * 2        # both protocols share the runs
     assert {"per_depth/table", "per_depth/comparisons", "one_rate/table", "one_rate/acc_vs_depth"} <= set(final)
     table = open(final["per_depth/table"]).read()
-    assert "final: digits train → test, 4 steps" in table and "| 2 |" in table
+    assert "final: digits train → test, 2 steps" in table and "| 2 |" in table
 
 
 # ---------------------------------------------------------------------------------------------------------------

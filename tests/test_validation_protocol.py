@@ -1,5 +1,5 @@
 """Specifications of the validation protocol shared by the studies in experiments/ (experiments/validation_protocol.py):
-the convergence criterion, the bracketed learning-rate ladder, and test tables from final runs only, checked against
+the budget criterion, the bracketed learning-rate ladder, and test tables from final runs only, checked against
 hand computations."""
 import os
 import sys
@@ -21,15 +21,22 @@ def fake_record(method="a", depth=12, lr=1e-2, acc=0.9, diverged=False, seed=0, 
             f"final_{prefix}_accuracy": acc}
 
 
-def test_the_convergence_criterion_needs_the_last_quarter_flat_from_then_on():
-    # acc(t) − acc(¾t): at 700: 90.2 − 89.625 (525, between 500 and 600) = 0.575 → no; at 800: 90.4 − 90.0 = 0.4,
-    # at 900: 90.5 − 90.15 = 0.35, at 1000: 90.6 − 90.3 = 0.3 → yes from 800 on
-    curve = [(100, 50.0), (200, 80.0), (300, 88.0), (400, 89.0), (500, 89.5), (600, 90.0), (700, 90.2),
-             (800, 90.4), (900, 90.5), (1000, 90.6)]
-    assert vp.converged_step(curve, tolerance=0.5) == 800
-    assert vp.converged_step(curve, tolerance=0.1) is None
-    # a flat stretch that rises again later does not count
-    assert vp.converged_step([(100, 50.0), (200, 50.1), (300, 60.0), (400, 60.1)], tolerance=0.5) == 400
+def test_the_budget_is_the_shortest_run_from_which_no_longer_run_ends_a_tolerance_higher():
+    # 3,000 steps end at 98.0; 2,000 at 97.5 (0.5 below), 1,000 at 97.3 (0.7 below), 500 at 95.0 (3.0 below)
+    finals = {500: 95.0, 1000: 97.3, 2000: 97.5, 3000: 98.0}
+    assert vp.converged_budget(finals, tolerance=0.9) == 1000
+    assert vp.converged_budget(finals, tolerance=0.6) == 2000
+    assert vp.converged_budget(finals, tolerance=0.4) is None           # nothing shorter is close: run longer
+    # a short run that is close does not count when a longer one is not
+    assert vp.converged_budget({500: 97.9, 1000: 96.0, 2000: 97.8, 3000: 98.0}, tolerance=0.9) == 2000
+    # a shorter run ending higher than the longest is close
+    assert vp.converged_budget({1000: 98.5, 3000: 98.0}, tolerance=0.1) == 1000
+
+
+def test_the_binomial_standard_error_is_the_resolution_of_an_accuracy_on_n_images():
+    # √(0.975 · 0.025 / 285) = √(8.5526e-5) = 0.0092480 → 0.9248 points
+    assert vp.binomial_standard_error(97.5, 285) == pytest.approx(0.9248, abs=1e-4)
+    assert vp.binomial_standard_error(100.0, 285) == 0.0
 
 
 def test_a_cells_validation_curve_is_the_mean_over_its_seeds_at_the_steps_all_of_them_evaluated():
