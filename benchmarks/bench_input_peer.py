@@ -8,8 +8,11 @@ Contenders, each run in a fresh process, all contenders once per round (rounds a
 all alike):
 
   ours_base        grain + PIL (`data.make_train_iterator`): random-resized crop (scale 0.08-1, ratio 3/4-4/3,
-                   bicubic, antialiased: DeiT III's), horizontal flip.
-  ours_deit3       the same + 3-Augment + colour jitter 0.3 (the DeiT III train path).
+                   bicubic, antialiased: DeiT III's, `data.augment.interpolation="bicubic"`, the default),
+                   horizontal flip.
+  ours_bilinear    the same with `data.augment.interpolation="bilinear"`: big_vision's resize (bilinear, half-pixel
+                   centres, no antialias), so it does what tfdata_base does.
+  ours_deit3       ours_base + 3-Augment + colour jitter 0.3 (the DeiT III train path).
   tfdata_base      big_vision's `decode_jpeg_and_inception_crop` recipe written with tf.data: the crop window drawn by
                    `stateless_sample_distorted_bounding_box` (area 0.08-1, ratio 3/4-4/3) from
                    `extract_jpeg_shape`, decoded alone by `decode_and_crop_jpeg`, resized bilinearly (no antialias:
@@ -21,9 +24,12 @@ Every process runs with the malloc settings of the train entry point (`layerscal
 W workers: grain worker processes for ours (`data.num_workers`, prefetch 2), threads for tf.data. CPU-seconds are
 those of the whole process tree (the main process with all its threads, grain's worker processes) over the timed
 batches, read from /proc, so images per CPU-second counts every core the pipeline used. `--baseline DIR` adds
-`ours_*@baseline` contenders that import `layerscale_jax` from DIR (an earlier commit exported with
-`git archive COMMIT layerscale_jax | tar -x -C DIR`), in the same rounds. Results go to
-benchmarks/results/input_peer_<machine>_<date>.json (<machine>: `bench.entries.results_name`, the CPU kind).
+`ours_base@baseline` and `ours_deit3@baseline` contenders that import `layerscale_jax` from DIR (an earlier commit
+exported with `git archive COMMIT layerscale_jax | tar -x -C DIR`), in the same rounds. Printed and saved: medians
+over rounds per contender and worker count; ours / tf.data per CPU-second and in wall-clock images/s (`PEERS`:
+ours_base against tfdata_base and tfdata_bicubic, ours_bilinear and ours_deit3 against tfdata_base); the wall-clock
+speedup from the fewest to the most workers. Results go to benchmarks/results/input_peer_<machine>_<date>.json
+(<machine>: `bench.entries.results_name`, the CPU kind).
 """
 
 import argparse
@@ -38,7 +44,11 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE, CROP_SCALE, CROP_RATIO = 224, (0.08, 1.0), (3 / 4, 4 / 3)
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-CONTENDERS = ("ours_base", "ours_deit3", "tfdata_base", "tfdata_bicubic")
+CONTENDERS = ("tfdata_base", "ours_base", "ours_bilinear", "ours_deit3", "tfdata_bicubic")
+# ours / tf.data per CPU-second and wall clock: each of ours against the peer doing the same work, and against
+# big_vision's own recipe (tfdata_base).
+PEERS = {"ours_base": ("tfdata_base", "tfdata_bicubic"), "ours_bilinear": ("tfdata_base",),
+         "ours_deit3": ("tfdata_base",)}
 
 
 # ----------------------------------------------------------------------------------------------- one measurement
@@ -76,7 +86,8 @@ def timed(batches, warmup, batch_size, next_batch):
             "images_per_cpu_s": n / max(cpu, 1e-9), "batch_shape": list(shape)}
 
 
-def ours(full, workers, batch, jpeg_shape, num_records):
+def ours(variant, workers, batch, jpeg_shape, num_records):
+    """`variant`: 'base', 'bilinear' or 'deit3' (the docstring)."""
     from layerscale_jax.data import default_data_config, make_train_iterator
 
     cfg = default_data_config("synthetic")
@@ -84,17 +95,22 @@ def ours(full, workers, batch, jpeg_shape, num_records):
     cfg.num_workers, cfg.prefetch = workers, 2
     a = cfg.augment
     a.random_resized_crop, a.crop_scale, a.hflip = True, CROP_SCALE, True
+    full = variant == "deit3"
     a.three_augment, a.color_jitter = full, (0.3 if full else 0.0)
+    if variant == "bilinear":
+        a.interpolation = "bilinear"
     it = make_train_iterator(cfg, global_batch_size=batch, seed=0, process_index=0, process_count=1)
     return (lambda: next(it)["image"].shape), it.close
 
 
-def tfdata(bicubic, workers, batch, jpeg_shape, num_records):
+def tfdata(variant, workers, batch, jpeg_shape, num_records):
     """big_vision's Inception crop + flip recipe, written for this benchmark with tf.data (see the docstring)."""
     import numpy as np
     import tensorflow as tf
 
     from layerscale_jax.data.sources import SyntheticSource
+
+    bicubic = variant == "bicubic"
 
     pool = SyntheticSource("train", num_records, SIZE, 3, 10, tuple(jpeg_shape))._make_jpeg_pool()
     records = tf.constant(pool)
@@ -123,10 +139,9 @@ def tfdata(bicubic, workers, batch, jpeg_shape, num_records):
 
 def child(args):
     """Runs one contender in this process and prints its result as one JSON line."""
-    name = args.child.split("@")[0]
-    build = ours if name.startswith("ours") else tfdata
-    flag = name in ("ours_deit3", "tfdata_bicubic")
-    next_batch, close = build(flag, args.workers[0], args.batch, args.jpeg_shape, args.num_records)
+    side, variant = args.child.split("@")[0].split("_", 1)
+    build = ours if side == "ours" else tfdata
+    next_batch, close = build(variant, args.workers[0], args.batch, args.jpeg_shape, args.num_records)
     try:
         result = timed(args.batches, args.warmup, args.batch, next_batch)
     finally:
@@ -156,18 +171,26 @@ def run_child(contender, workers, args):
 
 
 def summarize(runs, contenders, workers):
-    """Medians over rounds per (contender, workers), and ours / tf.data per CPU-second."""
+    """Medians over rounds per (contender, workers); ours / tf.data per CPU-second and in wall-clock images/s, for
+    each of ours against its peers (`PEERS`); wall-clock speedup from the fewest to the most workers."""
     rows = []
     for name in contenders:
         for w in workers:
             rs = [r for r in runs if r["contender"] == name and r["workers"] == w]
             rows.append({"contender": name, "workers": w, "rounds": len(rs),
                          **{k: statistics.median(r[k] for r in rs) for k in ("images_per_s", "images_per_cpu_s")}})
-    by = {(r["contender"], r["workers"]): r["images_per_cpu_s"] for r in rows}
-    ratios = {f"{name}/{peer} workers={w}": by[name, w] / by[peer, w]
-              for name in contenders if name.startswith("ours") for peer in ("tfdata_base", "tfdata_bicubic")
-              for w in workers if (peer, w) in by}
-    return rows, ratios
+    by = {(r["contender"], r["workers"]): r for r in rows}
+    ratios = {}
+    for name in contenders:
+        for peer in PEERS.get(name.split("@")[0], ()):
+            for w in workers:
+                if (peer, w) in by:
+                    ratios[f"{name}/{peer} workers={w}"] = {
+                        k: by[name, w][k] / by[peer, w][k] for k in ("images_per_cpu_s", "images_per_s")}
+    scaling = {f"{name} workers={min(workers)}->{max(workers)}":
+               by[name, max(workers)]["images_per_s"] / by[name, min(workers)]["images_per_s"]
+               for name in contenders if len(set(workers)) > 1}
+    return rows, ratios, scaling
 
 
 def main(argv=None):
@@ -195,7 +218,7 @@ def main(argv=None):
         raise SystemExit(f"error: --baseline {args.baseline!r} holds no layerscale_jax/ directory")
     contenders = list(args.contenders)
     if args.baseline:
-        contenders += [c + "@baseline" for c in args.contenders if c.startswith("ours")]
+        contenders += [c + "@baseline" for c in args.contenders if c in ("ours_base", "ours_deit3")]
     machine = timing.machine_info()
     load_start = timing.load_average()
     runs = []
@@ -206,17 +229,19 @@ def main(argv=None):
                 x = runs[-1]
                 print(f"round {r} {name:26s} workers={w}: {x['images_per_s']:7.1f} images/s, "
                       f"{x['images_per_cpu_s']:7.1f} per CPU-s (load {x['load_average'][0]})", flush=True)
-    rows, ratios = summarize(runs, contenders, args.workers)
+    rows, ratios, scaling = summarize(runs, contenders, args.workers)
     print("\n| contender | workers | images/s | images per CPU-s |\n|---|---|---|---|")
     for row in rows:
         print(f"| {row['contender']} | {row['workers']} | {row['images_per_s']:.0f} | {row['images_per_cpu_s']:.0f} |")
     for k, v in ratios.items():
-        print(f"{k}: {v:.2f}x per CPU-second")
+        print(f"{k}: {v['images_per_cpu_s']:.2f}x per CPU-second, {v['images_per_s']:.2f}x wall clock")
+    for k, v in scaling.items():
+        print(f"{k}: {v:.2f}x wall clock")
     result = {"benchmark": "input_peer", "command": " ".join([os.path.relpath(__file__, REPO), *sys.argv[1:]]),
               "machine": machine, "load_average_start": load_start, "load_average_end": timing.load_average(),
               "settings": {k: getattr(args, k) for k in ("workers", "batch", "batches", "warmup", "rounds",
                                                          "jpeg_shape", "num_records", "baseline")},
-              "summary": rows, "ratios_per_cpu_s": ratios, "runs": runs}
+              "summary": rows, "ratios": ratios, "worker_scaling_wall_clock": scaling, "runs": runs}
     if args.out != "-":
         out = args.out or os.path.join(REPO, "benchmarks", "results",
                                        f"input_peer_{results_name(machine)}_{datetime.date.today()}.json")

@@ -143,7 +143,7 @@ def test_deit3_train_batch_is_bit_identical_to_the_full_decode_reference():
         for op in p["jitter_order"][i]:
             cls = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)[op]
             img = cls(img).enhance(float(p["jitter_factors"][i][op]))
-        mean, std = np.float32(fn.mean), np.float32(fn.std)
+        mean, std = np.float32(it._normalize.mean), np.float32(it._normalize.std)
         expected = np.asarray(img, np.float32) * (np.float32(1) / (np.float32(255) * std)) - mean / std
         np.testing.assert_array_equal(batch["image"][i], expected)
         assert batch["label"][i] == label

@@ -27,6 +27,9 @@ Fields (`data.*`):
   label_smoothing    epsilon of the smoothed one-hot targets (timm convention: off = eps / K, on = 1 - eps + off).
   augment.random_resized_crop  Inception-style random-resized crop (else: resize shorter side + centre crop).
   augment.crop_scale           (min, max) area fraction of the random-resized crop.
+  augment.interpolation        resize filter of the random-resized crop: 'bicubic' (PIL bicubic, antialiased: the
+                               DeiT III / timm recipe) or 'bilinear' (big_vision's inception crop: bilinear, half-pixel
+                               centres, no antialiasing, as tf.image.resize(antialias=False); `data.transforms`).
   augment.crop_padding         random translation: reflect-pad by this many pixels and randomly crop back
                                (DeiT III's "simple random crop"; 1 px for digits). 0 disables.
   augment.hflip                random horizontal flip with p = 0.5 (off for digits: digits are not mirror-symmetric).
@@ -50,10 +53,12 @@ from layerscale_jax.paths import as_path
 
 DIGITS = "digits"
 SYNTHETIC = "synthetic"
+INTERPOLATIONS = ("bicubic", "bilinear")  # data.augment.interpolation
 
 _AUGMENT_FIELDS = (
     "random_resized_crop",
     "crop_scale",
+    "interpolation",
     "crop_padding",
     "hflip",
     "three_augment",
@@ -80,6 +85,7 @@ def default_data_config(name=DIGITS):
         {
             "random_resized_crop": not small,
             "crop_scale": (0.08, 1.0),
+            "interpolation": "bicubic",
             "crop_padding": 1 if name == DIGITS else (4 if small and name != SYNTHETIC else 0),
             "hflip": name != DIGITS and "mnist" not in name,
             "three_augment": not small,
@@ -115,6 +121,7 @@ class RandAugmentSpec:
 class AugmentSettings:
     random_resized_crop: bool
     crop_scale: tuple
+    interpolation: str
     crop_padding: int
     hflip: bool
     three_augment: bool
@@ -273,6 +280,9 @@ def validate_data_config(cfg):
         or not 0 < scale[0] <= scale[1] <= 1
     ):
         raise ValueError(f"data.augment.crop_scale must be (min, max) with 0 < min <= max <= 1, got {scale!r}")
+    interpolation = aget("interpolation")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"data.augment.interpolation must be 'bicubic' or 'bilinear', got {interpolation!r}")
     crop_padding = _int(aget("crop_padding"), "augment.crop_padding", 0)
     if crop_padding >= image_size:
         raise ValueError(
@@ -281,6 +291,7 @@ def validate_data_config(cfg):
     augment = AugmentSettings(
         random_resized_crop=_bool(aget("random_resized_crop"), "augment.random_resized_crop"),
         crop_scale=(float(scale[0]), float(scale[1])),
+        interpolation=interpolation,
         crop_padding=crop_padding,
         hflip=_bool(aget("hflip"), "augment.hflip"),
         three_augment=_bool(aget("three_augment"), "augment.three_augment"),

@@ -17,10 +17,13 @@ batch j is a pure function of (config, seed, j, i): the number of grain workers,
 the mesh's device order change nothing. (Mixup/CutMix run later, inside the jitted step on the global batch.)
 
 Execution. `grain.MapDataset.range(j0, ...).map(batch_fn)` -> `to_iter_dataset` (prefetch threads) -> optional
-`mp_prefetch` (worker processes). One grain element is one batch: records are read in a batch read, fixed-size
-work is vectorised in numpy over the batch, and grain's per-element overhead (~0.2 ms, measured) is paid once per
-batch rather than once per image. (`grain.DataLoader` with an `IndexSampler` pays it per image, which caps it near
-5k images/s even with no-op transforms on this machine: too slow for `digits`.)
+`mp_prefetch` (worker processes) -> `_Normalize`. One grain element is one batch: records are read in a batch read,
+fixed-size work is vectorised in numpy over the batch, and grain's per-element overhead (~0.2 ms, measured) is paid
+once per batch rather than once per image. (`grain.DataLoader` with an `IndexSampler` pays it per image, which caps
+it near 5k images/s even with no-op transforms on this machine: too slow for `digits`.) Batches stay uint8 until
+`_Normalize`, which runs after the worker-process boundary (in a prefetch thread of the calling process), so a
+worker hands over a quarter of the bytes through shared memory, and the float32 batch is written once, into an
+ordinary array (no copy out of shared memory).
 
 Resume. `get_state()` is a small JSON-able dict (next batch index, records already taken from a partly used batch,
 bad-record count, the rows read); `set_state` restarts grain at that batch. States agree across processes unless
@@ -50,7 +53,6 @@ from layerscale_jax.data.sources import BadRecordError
 STATE_VERSION = 1
 _INFINITE = 2**62  # "infinite" number of train batches.
 _READ_CHUNK = 1024  # records per read when filling the cache.
-_CHUNK_BYTES = 1 << 20  # batch-stage working set (float32 bytes) per chunk.
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # Per-dataset normalisation constants (mean, std of pixel values / 255 over the train split).
@@ -230,13 +232,13 @@ class _Geometry:
 
 
 class _TrainBatch:
-    """Train batch j of this process: {"image": float32 [b,S,S,C], "label": int32 [b], "_valid": bool [b]}."""
+    """Train batch j of this process: {"image": uint8 [b,S,S,C], "label": int32 [b], "_valid": bool [b]}."""
 
-    def __init__(self, settings, records, cache, order, seed, geometry, channels, mean, std):
+    def __init__(self, settings, records, cache, order, seed, geometry, channels, mean):
         self.s, self.aug = settings, settings.augment
         self.records, self.cache, self.order, self.seed, self.g = records, cache, order, seed, geometry
-        self.channels, self.mean, self.std = channels, mean, std
-        fill = tuple(int(round(255 * m)) for m in mean)
+        self.channels = channels
+        fill = tuple(int(round(255 * m)) for m in mean)  # RandAugment's fill: the mean colour
         self.fill = fill if channels == 3 else fill[0]
 
     def element(self, image, position):
@@ -245,7 +247,7 @@ class _TrainBatch:
         if self.aug.random_resized_crop:
             rng = np.random.default_rng([self.seed, 2, int(position)])
             return transforms.decode_random_resized_crop(
-                image, self.channels, self.s.image_size, self.aug.crop_scale, rng
+                image, self.channels, self.s.image_size, self.aug.crop_scale, rng, self.aug.interpolation
             )
         return transforms.resize_center_crop(transforms.decode_image(image, self.channels), self.s.image_size)
 
@@ -268,7 +270,7 @@ class _TrainBatch:
                     valid[i] = False
                 else:
                     x[i] = image
-        return {"image": self.augment_and_normalize(x, j), "label": labels, "_valid": valid}
+        return {"image": self.augment(x, j), "label": labels, "_valid": valid}
 
     def draw(self, j):
         """Random parameters of batch j, drawn for the whole global batch (seeded by (seed, j)), then this
@@ -292,15 +294,19 @@ class _TrainBatch:
             params["jitter_order"] = np.argsort(rng.random((n, 3)), axis=1)[sl]
         return params
 
-    def augment_and_normalize(self, x, j):
-        """Batch stage on uint8 [b, S, S, C] -> normalised float32, in chunks of ~1 MiB to stay in cache."""
-        params = self.draw(j)
-        out = np.empty(x.shape, np.float32)
-        step = max(1, _CHUNK_BYTES // max(1, x[0].nbytes * 4))
-        for c in range(0, len(x), step):
-            sl = slice(c, c + step)
-            self.apply(x[sl], {k: v[sl] for k, v in params.items()}, out[sl])
-        return out
+    def augment(self, x, j):
+        """Batch stage on uint8 [b, S, S, C], a new array of this batch (changed in place): translate -> flip ->
+        per-image PIL ops; uint8 out (normalised by `_Normalize`)."""
+        aug, p = self.aug, self.draw(j)
+        if aug.crop_padding:
+            x = transforms.translate(x, p["offsets"][:, 0], p["offsets"][:, 1], aug.crop_padding)
+        per_image = aug.randaugment is not None or aug.three_augment or aug.color_jitter > 0
+        if aug.hflip and not per_image:  # else flipped in `per_image`, where the image is in PIL anyway.
+            x = transforms.hflip(x, p["flip"])
+        if per_image:
+            for i in range(len(x)):
+                x[i] = self.per_image(x[i], {k: v[i] for k, v in p.items()})
+        return x
 
     def per_image(self, image, p):
         """Flip -> RandAugment -> 3-Augment -> colour jitter on one uint8 image, with PIL."""
@@ -316,25 +322,14 @@ class _TrainBatch:
             img = transforms.color_jitter(img, p["jitter_factors"], p["jitter_order"])
         return transforms.from_pil(img)
 
-    def apply(self, x, p, out):
-        """translate -> flip -> per-image PIL ops on uint8 images, then normalised into `out`."""
-        aug = self.aug
-        if aug.crop_padding:
-            x = transforms.translate(x, p["offsets"][:, 0], p["offsets"][:, 1], aug.crop_padding)
-        per_image = aug.randaugment is not None or aug.three_augment or aug.color_jitter > 0
-        if aug.hflip and not per_image:  # else flipped in `per_image`, where the image is in PIL anyway.
-            x = transforms.hflip(x, p["flip"])
-        if per_image:
-            x = np.stack([self.per_image(img, {k: v[i] for k, v in p.items()}) for i, img in enumerate(x)])
-        transforms.normalize(x, self.mean, self.std, out)
-
 
 class _EvalBatch:
-    """Eval batch j: positions past the end of the split are padding (mask False), as are skipped bad records."""
+    """Eval batch j (uint8 images): positions past the end of the split are padding (mask False), as are skipped
+    bad records."""
 
-    def __init__(self, settings, records, num_records, geometry, channels, mean, std):
+    def __init__(self, settings, records, num_records, geometry, channels):
         self.s, self.records, self.n, self.g = settings, records, num_records, geometry
-        self.channels, self.mean, self.std = channels, mean, std
+        self.channels = channels
 
     def __call__(self, j):
         g, size = self.g, self.s.image_size
@@ -351,37 +346,40 @@ class _EvalBatch:
                 continue
             x[i] = transforms.resize_center_crop(image, size, self.s.crop_pct)
             labels[i], mask[i] = label, True
-        return {
-            "image": transforms.normalize(x, self.mean, self.std),
-            "label": labels,
-            "mask": mask,
-            "_bad": np.int64(bad),
-        }
+        return {"image": x, "label": labels, "mask": mask, "_bad": np.int64(bad)}
 
 
-def _grain_iterator(batch_fn, start, stop, num_workers, prefetch):
+class _Normalize:
+    """The last stage of every batch: its uint8 "image" normalised into a new float32 array, the other arrays
+    copied. After the worker-process boundary, so what grain handed over in shared memory is read once and
+    released now (rather than by finalizers at interpreter exit, which fail noisily)."""
+
+    def __init__(self, mean, std):
+        self.mean, self.std = mean, std
+
+    def __call__(self, batch):
+        return {k: transforms.normalize(v, self.mean, self.std) if k == "image" else np.array(v, copy=True)
+                for k, v in batch.items()}
+
+
+def _grain_iterator(batch_fn, normalize, start, stop, num_workers, prefetch):
+    """Batches `start` .. `stop` - 1 of `batch_fn`, then `normalize`d: in `prefetch` threads of this process, or
+    built by `num_workers` worker processes and normalised in a prefetch thread here."""
     import grain
 
     ds = grain.MapDataset.range(start, stop).map(batch_fn)
-    it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=prefetch, prefetch_buffer_size=prefetch))
-    if num_workers > 0:
-        from absl import flags
-
-        # grain's worker processes read an absl flag; outside `absl.app.run` (tests, notebooks) nothing parsed them.
-        if not flags.FLAGS.is_parsed():
-            flags.FLAGS.mark_as_parsed()
-        it_ds = it_ds.mp_prefetch(
-            grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=max(1, prefetch))
-        )
-    return iter(it_ds)
-
-
-def _owned(batch, num_workers):
-    """With worker processes, grain hands over arrays in shared memory; copy them into ordinary arrays so the
-    shared memory is released now rather than by finalizers at interpreter exit (which fail noisily)."""
+    read = grain.ReadOptions(num_threads=prefetch, prefetch_buffer_size=prefetch)
     if num_workers == 0:
-        return batch
-    return {k: np.array(v, copy=True) for k, v in batch.items()}
+        return iter(ds.map(normalize).to_iter_dataset(read))
+    from absl import flags
+
+    # grain's worker processes read an absl flag; outside `absl.app.run` (tests, notebooks) nothing parsed them.
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    it_ds = ds.to_iter_dataset(read).mp_prefetch(
+        grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=max(1, prefetch))
+    ).map(normalize)
+    return iter(grain.experimental.ThreadPrefetchIterDataset(it_ds, prefetch_buffer_size=prefetch))
 
 
 # --------------------------------------------------------------------------------------------- iterators
@@ -394,8 +392,9 @@ class TrainIterator:
     would have produced. `bad_records` counts the records skipped so far (with `data.skip_bad_records`).
     """
 
-    def __init__(self, batch_fn, per_process_batch, settings, meta, cache_skipped):
-        self._fn, self._b, self._settings, self._meta = batch_fn, per_process_batch, settings, meta
+    def __init__(self, batch_fn, normalize, per_process_batch, settings, meta, cache_skipped):
+        self._fn, self._normalize, self._b = batch_fn, normalize, per_process_batch
+        self._settings, self._meta = settings, meta
         self._cache_skipped = cache_skipped
         self._it = None
         self._start(0, 0)
@@ -411,7 +410,7 @@ class TrainIterator:
     def _start(self, next_batch, bad_records):
         self.close()
         s = self._settings
-        self._it = _grain_iterator(self._fn, next_batch, _INFINITE, s.num_workers, s.prefetch)
+        self._it = _grain_iterator(self._fn, self._normalize, next_batch, _INFINITE, s.num_workers, s.prefetch)
         self._next_pull = next_batch
         self._chunks = collections.deque()  # [batch index, valid rows (dict), bad records before this batch]
         self._offset = 0  # rows of the first chunk already yielded
@@ -421,7 +420,7 @@ class TrainIterator:
         return self
 
     def _pull(self):
-        batch = _owned(next(self._it), self._settings.num_workers)
+        batch = next(self._it)
         j, self._next_pull = self._next_pull, self._next_pull + 1
         valid = batch.pop("_valid")
         n_valid = int(valid.sum())
@@ -502,9 +501,9 @@ class TrainIterator:
 class EvalIterator:
     """One pass over the eval split: per-process batches {"image", "label", "mask"}; len() = number of batches."""
 
-    def __init__(self, batch_fn, num_batches, settings):
-        self._num_batches, self._num_workers = num_batches, settings.num_workers
-        self._it = _grain_iterator(batch_fn, 0, num_batches, settings.num_workers, settings.prefetch)
+    def __init__(self, batch_fn, normalize, num_batches, settings):
+        self._num_batches = num_batches
+        self._it = _grain_iterator(batch_fn, normalize, 0, num_batches, settings.num_workers, settings.prefetch)
         self.bad_records = 0
 
     def __len__(self):
@@ -517,7 +516,7 @@ class EvalIterator:
         if self._it is None:
             raise StopIteration
         try:
-            batch = _owned(next(self._it), self._num_workers)
+            batch = next(self._it)
         except StopIteration:
             self.close()
             raise
@@ -596,7 +595,7 @@ def make_train_iterator(data_config, *, global_batch_size, seed, process_index=N
     train_src, _, num_classes, channels = sources.open_sources(settings)
     mean, std = normalization(settings.name, channels)
     records = _Records(train_src, channels, num_classes, settings.skip_bad_records)
-    fn = _TrainBatch(settings, records, None, None, seed, geometry, channels, mean, std)
+    fn = _TrainBatch(settings, records, None, None, seed, geometry, channels, mean)
     cache = None
     if settings.cache:
         deterministic = None if settings.augment.random_resized_crop else (lambda img: fn.element(img, 0))
@@ -612,7 +611,8 @@ def make_train_iterator(data_config, *, global_batch_size, seed, process_index=N
         "num_records": num_records,
         "rows": [list(block) for block in geometry.rows],
     }
-    return TrainIterator(fn, geometry.per_process, settings, meta, cache.skipped if cache is not None else 0)
+    return TrainIterator(fn, _Normalize(mean, std), geometry.per_process, settings, meta,
+                         cache.skipped if cache is not None else 0)
 
 
 def make_eval_iterator(data_config, *, global_batch_size, process_index=None, process_count=None, rows=None):
@@ -627,8 +627,8 @@ def make_eval_iterator(data_config, *, global_batch_size, process_index=None, pr
     records = _Records(eval_src, channels, num_classes, settings.skip_bad_records)
     n = len(eval_src)
     num_batches = -(-n // global_batch_size)
-    fn = _EvalBatch(settings, records, n, geometry, channels, mean, std)
-    return EvalIterator(fn, num_batches, settings)
+    fn = _EvalBatch(settings, records, n, geometry, channels)
+    return EvalIterator(fn, _Normalize(mean, std), num_batches, settings)
 
 
 def measure_pipeline(data_config, global_batch_size, num_batches, warmup=2):
