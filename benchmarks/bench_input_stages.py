@@ -8,9 +8,15 @@ timed alternately (baseline, ours, baseline, ...: a change of load hits both), i
 (one thread), median over repeats, per image:
 
   decode_crop   JPEG bytes -> random-resized crop to 224 (the same generator seeds on both sides)
+  bilinear      the same crops resized with `data.augment.interpolation="bilinear"` (big_vision's filter) against
+                this checkout's default bicubic ("baseline" column: bicubic, "ours": bilinear)
   hflip         64 images of 224 px, half mirrored: the baseline's numpy flip of the batch against ours on the DeiT
                 III path, where the images are mirrored in PIL (`transpose`) before 3-Augment
+  hflip_numpy   the same flip on the crop + flip path (no per-image PIL ops): the baseline's numpy flip against ours
   normalize     64 images into the float32 batch (the baseline's pipeline assigned a new array into it)
+  handover      a batch of 64 from a grain worker process to the train loop, both sides in this process: the
+                baseline normalised it in the worker, grain copied the float32 batch into shared memory, the loop
+                copied it out; ours hands over uint8 and normalises it out of shared memory after the boundary
   jitter        colour jitter 0.3 (random factors and order) on one 224 px PIL image
   three_augment 3-Augment (one of grayscale, solarize, blur) on one 224 px PIL image
 """
@@ -28,6 +34,8 @@ sys.path.insert(0, REPO)
 
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
+
+from grain.multiprocessing import SharedMemoryArray  # noqa: E402
 
 from layerscale_jax.bench import timing  # noqa: E402
 from layerscale_jax.data import transforms  # noqa: E402
@@ -73,10 +81,33 @@ def stages(old, jpeg_shape):
         for c in range(BATCH):
             transforms.normalize(x[c : c + 1], MEAN, STD, out[c : c + 1])
 
+    def handover(batch):
+        """grain's worker -> main handover of one array (`copy_to_shm`, then `open_from_shm` in the receiver)."""
+        shared = SharedMemoryArray(batch.shape, batch.dtype)
+        np.copyto(shared, batch)
+        received = SharedMemoryArray.from_metadata(shared.metadata)
+        received.unlink_on_del()
+        return received
+
+    def handover_old(i):
+        batch = np.empty(x.shape, np.float32)
+        transforms.normalize(x, MEAN, STD, batch)
+        return np.array(handover(batch), copy=True)
+
+    def handover_new(i):
+        return transforms.normalize(handover(x), MEAN, STD)
+
+    def crop_with(interpolation, i):
+        r = np.random.default_rng([0, 2, i])
+        return transforms.decode_random_resized_crop(pool[i % 16], 3, SIZE, SCALE, r, interpolation)
+
     return {
         "decode_crop": (1, {"baseline": lambda i: crop(old, i), "ours": lambda i: crop(transforms, i)}),
+        "bilinear": (1, {"baseline": lambda i: crop_with("bicubic", i), "ours": lambda i: crop_with("bilinear", i)}),
         "hflip": (BATCH, {"baseline": lambda i: old.hflip(x, flip), "ours": flip_in_pil}),
+        "hflip_numpy": (BATCH, {"baseline": lambda i: old.hflip(x, flip), "ours": lambda i: transforms.hflip(x, flip)}),
         "normalize": (BATCH, {"baseline": normalize_old, "ours": normalize_new}),
+        "handover": (BATCH, {"baseline": handover_old, "ours": handover_new}),
         "jitter": (1, {m: (lambda i, mod=mod: mod.color_jitter(pils[i % BATCH], factors[i % BATCH],
                                                               orders[i % BATCH]))
                        for m, mod in (("baseline", old), ("ours", transforms))}),
