@@ -1,0 +1,34 @@
+"""Batches cross from grain's worker processes to the train loop as uint8 and are normalised after the boundary
+(a quarter of the bytes through shared memory, no copy out of it), with the same batches as before."""
+
+import numpy as np
+
+from layerscale_jax import data
+
+
+def jpeg_config(num_workers):
+    cfg = data.default_data_config("synthetic")
+    cfg.image_size, cfg.num_train, cfg.synthetic_jpeg_shape = 24, 32, (40, 56)
+    cfg.num_workers, cfg.prefetch = num_workers, 1
+    a = cfg.augment
+    a.random_resized_crop, a.hflip, a.three_augment, a.color_jitter = True, True, True, 0.3
+    return cfg
+
+
+def test_batches_cross_the_worker_boundary_as_uint8_and_are_normalised_after_it():
+    it = data.make_train_iterator(jpeg_config(0), global_batch_size=8, seed=1, process_index=0, process_count=1)
+    handed_over = [it._fn(j) for j in range(2)]  # what a worker process puts into shared memory
+    in_process = [next(it) for _ in range(2)]
+    it.close()
+    assert all(b["image"].dtype == np.uint8 for b in handed_over)
+    for raw, batch in zip(handed_over, in_process):
+        np.testing.assert_array_equal(batch["image"], it._normalize(raw)["image"])
+        assert batch["image"].dtype == np.float32
+    workers = data.make_train_iterator(jpeg_config(1), global_batch_size=8, seed=1, process_index=0, process_count=1)
+    through_workers = [next(workers) for _ in range(2)]
+    workers.close()
+    for got, expected in zip(through_workers, in_process):
+        assert set(got) == set(expected) == {"image", "label"}
+        for k in got:
+            np.testing.assert_array_equal(got[k], expected[k])
+            assert got[k].dtype == expected[k].dtype and type(got[k]) is np.ndarray  # not a shared-memory array
