@@ -16,8 +16,8 @@ all alike):
   tfdata_base      big_vision's `decode_jpeg_and_inception_crop` recipe written with tf.data: the crop window drawn by
                    `stateless_sample_distorted_bounding_box` (area 0.08-1, ratio 3/4-4/3) from
                    `extract_jpeg_shape`, decoded alone by `decode_and_crop_jpeg`, resized bilinearly (no antialias:
-                   big_vision's default), flipped, normalised; `map(num_parallel_calls=W)` on a private thread pool
-                   of W threads, `batch`, `prefetch(2)`.
+                   big_vision's default) and cast back to uint8 (big_vision's resize op), flipped, normalised;
+                   `map(num_parallel_calls=W)` on a private thread pool of W threads, `batch`, `prefetch(2)`.
   tfdata_bicubic   the same with our resize filter (bicubic, antialiased), so the two sides do equal work.
 
 Every process runs with the malloc settings of the train entry point (`layerscale_jax.runtime`: huge pages).
@@ -125,8 +125,9 @@ def tfdata(variant, workers, batch, jpeg_shape, num_records):
         window = tf.stack([begin[0], begin[1], crop_size[0], crop_size[1]])
         image = tf.io.decode_and_crop_jpeg(data, window, channels=3)
         image = tf.image.resize(image, [SIZE, SIZE], method="bicubic" if bicubic else "bilinear", antialias=bicubic)
+        image = tf.cast(tf.clip_by_value(image, 0, 255), tf.uint8)  # big_vision's resize op casts back
         image = tf.image.stateless_random_flip_left_right(image, seed + 1)
-        return (image / 255.0 - mean) / std
+        return (tf.cast(image, tf.float32) / 255.0 - mean) / std
 
     options = tf.data.Options()
     options.threading.private_threadpool_size = workers
