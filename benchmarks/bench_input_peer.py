@@ -55,7 +55,8 @@ PEERS = {"ours_base": ("tfdata_base", "tfdata_bicubic"), "ours_bilinear": ("tfda
 
 
 def tree_cpu_seconds(root):
-    """User + system CPU seconds of process `root` and all its living descendants (all threads), from /proc."""
+    """(User + system CPU seconds of process `root` and all its living descendants, of `root` alone), all threads,
+    from /proc."""
     parent, ticks = {}, {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -70,20 +71,23 @@ def tree_cpu_seconds(root):
         pid = todo.pop()
         total += ticks.get(pid, 0)
         todo += [c for c, p in parent.items() if p == pid]
-    return total / os.sysconf("SC_CLK_TCK")
+    return total / os.sysconf("SC_CLK_TCK"), ticks.get(root, 0) / os.sysconf("SC_CLK_TCK")
 
 
 def timed(batches, warmup, batch_size, next_batch):
-    """Images/s and images per CPU-second of the process tree over `batches` batches after `warmup`."""
+    """Images/s and images per CPU-second of the process tree over `batches` batches after `warmup`, and the CPU
+    milliseconds per image of the main process alone (with workers: what receiving and normalising costs the
+    process that runs the train loop, which every worker's batches pass through)."""
     for _ in range(warmup):
         next_batch()
-    c0, t0 = tree_cpu_seconds(os.getpid()), time.perf_counter()
+    (c0, m0), t0 = tree_cpu_seconds(os.getpid()), time.perf_counter()
     for _ in range(batches):
         shape = next_batch()
-    seconds, cpu = time.perf_counter() - t0, tree_cpu_seconds(os.getpid()) - c0
-    n = batches * batch_size
+    (c1, m1), seconds = tree_cpu_seconds(os.getpid()), time.perf_counter() - t0
+    n, cpu = batches * batch_size, c1 - c0
     return {"images": n, "seconds": seconds, "cpu_seconds": cpu, "images_per_s": n / seconds,
-            "images_per_cpu_s": n / max(cpu, 1e-9), "batch_shape": list(shape)}
+            "images_per_cpu_s": n / max(cpu, 1e-9), "main_process_cpu_ms_per_image": (m1 - m0) / n * 1e3,
+            "batch_shape": list(shape)}
 
 
 def ours(variant, workers, batch, jpeg_shape, num_records):
@@ -179,7 +183,8 @@ def summarize(runs, contenders, workers):
         for w in workers:
             rs = [r for r in runs if r["contender"] == name and r["workers"] == w]
             rows.append({"contender": name, "workers": w, "rounds": len(rs),
-                         **{k: statistics.median(r[k] for r in rs) for k in ("images_per_s", "images_per_cpu_s")}})
+                         **{k: statistics.median(r[k] for r in rs)
+                            for k in ("images_per_s", "images_per_cpu_s", "main_process_cpu_ms_per_image")}})
     by = {(r["contender"], r["workers"]): r for r in rows}
     ratios = {}
     for name in contenders:
@@ -231,9 +236,11 @@ def main(argv=None):
                 print(f"round {r} {name:26s} workers={w}: {x['images_per_s']:7.1f} images/s, "
                       f"{x['images_per_cpu_s']:7.1f} per CPU-s (load {x['load_average'][0]})", flush=True)
     rows, ratios, scaling = summarize(runs, contenders, args.workers)
-    print("\n| contender | workers | images/s | images per CPU-s |\n|---|---|---|---|")
+    print("\n| contender | workers | images/s | images per CPU-s | main process CPU-ms per image |\n"
+          "|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['contender']} | {row['workers']} | {row['images_per_s']:.0f} | {row['images_per_cpu_s']:.0f} |")
+        print(f"| {row['contender']} | {row['workers']} | {row['images_per_s']:.0f} | {row['images_per_cpu_s']:.0f} | "
+              f"{row['main_process_cpu_ms_per_image']:.2f} |")
     for k, v in ratios.items():
         print(f"{k}: {v['images_per_cpu_s']:.2f}x per CPU-second, {v['images_per_s']:.2f}x wall clock")
     for k, v in scaling.items():
