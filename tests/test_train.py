@@ -20,6 +20,7 @@ from layerscale_jax.train.checkpoint import Checkpointer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "configs", "tiny_synthetic.py")
 STEPS = 24
+CHECKPOINT_EVERY = 8        # checkpoints at 8, 16 and 24: a save costs more than the steps between them here
 
 
 def tiny_config(arg=None):
@@ -28,6 +29,13 @@ def tiny_config(arg=None):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(arg)
+
+
+def run_config():
+    """The 24-step run the tests here train, interrupt and resume."""
+    config = tiny_config(f"steps={STEPS}")
+    config.train.checkpoint_every = CHECKPOINT_EVERY
+    return config
 
 
 def read_metrics(workdir):
@@ -54,12 +62,12 @@ def cli(workdir, *extra):
 def reference_run(tmp_path_factory):
     """An uninterrupted run on 8 devices (data parallel), in this process."""
     workdir = str(tmp_path_factory.mktemp("reference"))
-    results = loop_lib.train_and_evaluate(tiny_config(f"steps={STEPS}"), workdir)
+    results = loop_lib.train_and_evaluate(run_config(), workdir)
     return workdir, results
 
 
 def final_params(workdir, config=None):
-    config = config or tiny_config(f"steps={STEPS}")
+    config = config or run_config()
     mesh = shard_lib.make_mesh(config.train.mesh)
     trainer = loop_lib.create_trainer(config, mesh)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=10)
@@ -188,7 +196,7 @@ def test_sigterm_then_resume_gives_identical_losses_and_parameters(reference_run
     interrupted_at = max(train_losses(workdir))
     assert interrupted_at < STEPS, "the run finished before it could be interrupted"
     assert "stopped at step" in output
-    loop_lib.train_and_evaluate(tiny_config(f"steps={STEPS}"), workdir)
+    loop_lib.train_and_evaluate(run_config(), workdir)
     resumed, reference = train_losses(workdir), train_losses(ref_dir)
     assert sorted(resumed) == list(range(1, STEPS + 1))
     assert [resumed[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)]
@@ -199,10 +207,10 @@ def test_sigterm_then_resume_gives_identical_losses_and_parameters(reference_run
 def test_resume_onto_a_smaller_mesh(reference_run, tmp_path):
     ref_dir, _ = reference_run
     workdir = str(tmp_path / "remesh")
-    config = tiny_config(f"steps={STEPS}")
+    config = run_config()
     config.train.stop_after_steps = 10
     assert loop_lib.train_and_evaluate(config, workdir) == {"preempted_at_step": 10}
-    config = tiny_config(f"steps={STEPS}")
+    config = run_config()
     config.train.mesh = {"data": 2, "fsdp": 2, "tensor": 1}
     loop_lib.train_and_evaluate(config, workdir, devices=jax.devices()[:4])
     resumed, reference = train_losses(workdir), train_losses(ref_dir)
@@ -222,7 +230,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(reference_run, tmp
         if os.path.isfile(path):
             with open(path, "wb") as f:
                 f.write(b"garbage")
-    trainer = loop_lib.create_trainer(tiny_config(f"steps={STEPS}"), shard_lib.make_mesh({"data": -1}))
+    trainer = loop_lib.create_trainer(run_config(), shard_lib.make_mesh({"data": -1}))
     with caplog.at_level("WARNING"):
         step, state, data_state, _ = checkpointer.restore(trainer.abstract_state)
     checkpointer.close()
@@ -233,7 +241,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(reference_run, tmp
 # -- non-finite guard --------------------------------------------------------------------------------------------
 
 def _exploding_config(mode):
-    config = tiny_config(f"steps={STEPS}")
+    config = run_config()
     config.optim.name = "sgd"
     config.optim.learning_rate = 1e30
     config.optim.warmup_steps = 0
