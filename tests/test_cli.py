@@ -264,25 +264,20 @@ def test_float_model_fields_stay_floats():
 
 # -- exporting a training workdir ---------------------------------------------------------------------------------
 
-def test_a_training_workdir_exports_to_timm(tmp_path, capsys, caplog):
-    import importlib.util
+def test_a_training_workdir_exports_to_timm(six_step_run, tmp_path, capsys, caplog):
+    import shutil
 
     import jax
     import orbax.checkpoint as ocp
 
-    from layerscale_jax.train.loop import train_and_evaluate
-
-    spec = importlib.util.spec_from_file_location("tiny_synthetic_cli", TINY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    workdir = tmp_path / "run"
-    train_and_evaluate(module.get_config("steps=3"), str(workdir))
+    workdir = tmp_path / "run"                  # a copy of a finished 6-step run of TINY (tests/conftest.py)
+    shutil.copytree(six_step_run[0], workdir)
 
     out = tmp_path / "run.safetensors"
     assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out)]) == 0
     exported = load_file(str(out))
     # What the checkpoint holds, read with orbax directly.
-    state_dir = workdir / "checkpoints" / "3" / "state"      # the newest of steps 2 and 3
+    state_dir = workdir / "checkpoints" / "6" / "state"      # the newest of steps 4 and 6
     tree = ocp.PyTreeCheckpointer().metadata(state_dir).item_metadata.tree
     cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
     abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=cpu), tree)
@@ -299,22 +294,22 @@ def test_a_training_workdir_exports_to_timm(tmp_path, capsys, caplog):
     # Errors name the workdir's state: no EMA was kept, no such step.
     assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--ema"]) == 2
     assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "7"]) == 2
-    assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "2"]) == 0
-    step_2 = load_file(str(out))
+    assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "4"]) == 0
+    step_4 = load_file(str(out))
 
     # A checkpoint whose files no longer match the digests the run recorded is never exported: the newest corrupt
-    # one is skipped (the export is step 2's), asking for it by step is an error naming the step and the damage.
+    # one is skipped (the export is step 4's), asking for it by step is an error naming the step and the damage.
     for path in sorted(state_dir.rglob("*")):
         if path.is_file() and path.stat().st_size > 64:
             path.write_bytes(path.read_bytes()[:-1] + bytes([path.read_bytes()[-1] ^ 1]))
             break
     with caplog.at_level("WARNING"):
         assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out)]) == 0
-    assert all(np.array_equal(load_file(str(out))[k], step_2[k]) for k in step_2)
-    assert sum("checkpoint at step 3 is corrupt" in r.getMessage() for r in caplog.records) == 1      # said once
+    assert all(np.array_equal(load_file(str(out))[k], step_4[k]) for k in step_4)
+    assert sum("checkpoint at step 6 is corrupt" in r.getMessage() for r in caplog.records) == 1      # said once
     capsys.readouterr()
-    assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "3"]) == 2
-    assert "step 3: 0 file(s) missing, 1 changed" in capsys.readouterr().err
+    assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "6"]) == 2
+    assert "step 6: 0 file(s) missing, 1 changed" in capsys.readouterr().err
 
 
 # -- faults at the command line (docs/reliability.md) --------------------------------------------------------------

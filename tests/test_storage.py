@@ -63,14 +63,12 @@ def _without_speed(records):
     return [{k: v for k, v in r.items() if k not in ("img_per_s", "input_wait_ms")} for r in records]
 
 
-def test_a_gs_workdir_survives_kill_and_resume_with_every_file_in_the_bucket(tmp_path, monkeypatch):
+def test_a_gs_workdir_survives_kill_and_resume_with_every_file_in_the_bucket(six_step_run, tmp_path, monkeypatch):
     """Killed (SIGKILL) when it asks for step 4's save, then rerun: every file the run writes itself is in the
     bucket (checkpoints through orbax and TensorStore, their seals and side files, config.json, metrics.jsonl,
     TensorBoard event files, results.json, the lock while it runs), none on the local disk, and the resumed run
     logs exactly what an uninterrupted local run logs."""
-    reference = str(tmp_path / "local")
-    loop_lib.train_and_evaluate(config(), reference)
-
+    reference, _ = six_step_run                           # an uninterrupted local run of config() (conftest.py)
     bucket, cwd = tmp_path / "bucket", tmp_path / "cwd"
     cwd.mkdir()
     run = bucket / "bucket" / "run"

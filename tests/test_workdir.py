@@ -29,9 +29,9 @@ def config(**train):
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    workdir = str(tmp_path_factory.mktemp("finished"))
-    return workdir, loop_lib.train_and_evaluate(config(), workdir)
+def finished(six_step_run):
+    """A finished run of ``config()`` (tests/conftest.py trains it once for this file and tests/test_storage.py)."""
+    return six_step_run
 
 
 def checkpoint_steps(workdir):
