@@ -104,8 +104,9 @@ def test_a_gs_workdir_survives_kill_and_resume_with_every_file_in_the_bucket(six
 
 
 def test_a_restart_loads_its_programs_from_the_compilation_cache(tmp_path):
-    """Stopped after 2 steps, then resumed in a fresh process: the train step is loaded from the cache (its program
-    is named 'wrapped', after the activation-sharding wrapper around the step function)."""
+    """Stopped after 2 steps, then resumed in a fresh process for a third: the train step is loaded from the cache
+    (its program is named 'wrapped', after the activation-sharding wrapper around the step function). The resumed
+    process stops as well, so neither compiles the evaluation."""
     cache = tmp_path / "xla"
     command = [sys.executable, "-m", "layerscale_jax.train", f"--config={TINY}:steps=4",
                f"--workdir={tmp_path / 'run'}", f"--config.train.compilation_cache_dir=file://{cache}"]
@@ -115,7 +116,8 @@ def test_a_restart_loads_its_programs_from_the_compilation_cache(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     assert "Persistent compilation cache hit for 'jit_wrapped'" not in first.stderr
     assert any(cache.iterdir())
-    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    second = subprocess.run([*command, "--config.train.stop_after_steps=1"], env=env, capture_output=True, text=True,
+                            timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Persistent compilation cache hit for 'jit_wrapped'" in second.stderr
 
