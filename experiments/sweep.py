@@ -100,7 +100,8 @@ def format_seconds(seconds: float) -> str:
 
 def run(specs: Sequence, train: Callable[[object], dict], out: str, *, cost: Callable[[object], float] = lambda s: 1.0,
         outcome: Callable[[dict], str] | None = None, log=print) -> list[dict]:
-    """Train every spec without a record in ``out`` (finished runs are skipped), printing progress and an ETA.
+    """Train every spec without a record in ``out`` (finished runs are skipped, also one another process records
+    while this one works), printing progress and an ETA.
 
     ``train(spec)`` returns the run's record, which must hold ``seconds`` (its wall time) and ``diverged``; ``run``
     adds ``machine``: what it ran on (CPU model, threads, accelerator, versions) and the load average at its start
@@ -114,6 +115,10 @@ def run(specs: Sequence, train: Callable[[object], dict], out: str, *, cost: Cal
     seconds_done, cost_done = 0.0, 0.0
     cost_left = sum(cost(s) for s in todo)
     for i, spec in enumerate(todo):
+        if os.path.exists(record_path(out, spec.run_id)):        # another process (a shard) finished it meanwhile
+            cost_left -= cost(spec)
+            log(f"[{done_before + i + 1}/{len(specs)} runs done] {spec.run_id}: recorded by another process")
+            continue
         load_at_start = [round(x, 2) for x in os.getloadavg()]
         record = train(spec)
         record["machine"] = {**machine_info(), "load_average_start": load_at_start}

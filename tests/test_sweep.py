@@ -44,6 +44,19 @@ def test_a_resumed_sweep_trains_only_the_runs_without_a_record(tmp_path):
     assert sorted(os.listdir(tmp_path / "runs")) == [f"{x}.json" for x in "abcde"]      # no .tmp left behind
 
 
+def test_a_run_another_process_records_meanwhile_is_not_trained_again(tmp_path):
+    trained, lines = [], []
+    train = fake_train(trained)
+
+    def train_while_another_process_finishes_b(spec):
+        if spec.run_id == "a":
+            sweep.run([SPECS[1]], fake_train([]), str(tmp_path), log=lambda line: None)
+        return train(spec)
+    sweep.run(SPECS[:3], train_while_another_process_finishes_b, str(tmp_path), log=lines.append)
+    assert trained == ["a", "c"]
+    assert lines[2] == "[2/3 runs done] b: recorded by another process"
+
+
 def test_every_record_names_the_machine_and_the_load_it_ran_under(tmp_path):
     (record,) = sweep.run(SPECS[:1], fake_train([]), str(tmp_path), log=lambda line: None)
     with open("/proc/cpuinfo") as f:
