@@ -929,19 +929,19 @@ def _measure_command(args) -> None:
 
 
 def protocol_estimate(costs: dict[int, dict], steps: int, rates_per_cell: float = len(RATE_LADDER_START) + 1) -> str:
-    """The protocol's CPU time from ``measure``'s costs: the budget runs, a rate sweep of ``rates_per_cell`` runs
-    per cell (the start ladder plus one extension on average), and both final protocols (assumed to share no run:
-    an upper bound)."""
-    budget = sweep.estimate_seconds(costs, [s.depth for s in budget_specs()], BUDGET_STEPS, BUDGET_STEPS //
-                                    BUDGET_EVAL_EVERY)
+    """The protocol's time on one process from ``measure``'s costs: the budget runs (one per length in
+    BUDGET_STEPS), a rate sweep of ``rates_per_cell`` runs per cell (the start ladder plus one extension on
+    average), and both final protocols (assumed to share no run: an upper bound)."""
+    budget = sum(sweep.estimate_seconds(costs, [s.depth for s in budget_specs() if s.steps == t], t,
+                                        t // BUDGET_EVAL_EVERY) for t in BUDGET_STEPS)
     rate_depths = [d for d in RATE_DEPTHS for _ in COLUMNS] * int(math.ceil(rates_per_cell))
     rates = sweep.estimate_seconds(costs, rate_depths, steps, PROTOCOL_SIZING.evals)
     final_depths = [d for d in DEPTHS for _ in COLUMNS for _ in FINAL_SEEDS] * 2
     final = sweep.estimate_seconds(costs, final_depths, steps, PROTOCOL_SIZING.evals)
     f = sweep.format_seconds
-    return (f"budget {f(budget)} ({len(budget_specs())} runs of {BUDGET_STEPS} steps); rates {f(rates)} "
-            f"({len(rate_depths)} runs of {steps} steps); final {f(final)} (≤ {len(final_depths)} runs of {steps} "
-            f"steps); total {f(budget + rates + final)}")
+    return (f"budget {f(budget)} ({len(budget_specs())} runs of {'/'.join(map(str, BUDGET_STEPS))} steps); rates "
+            f"{f(rates)} ({len(rate_depths)} runs of {steps} steps); final {f(final)} (≤ {len(final_depths)} runs "
+            f"of {steps} steps); total {f(budget + rates + final)}")
 
 
 def _early(args, which_shard, command) -> None:

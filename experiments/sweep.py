@@ -94,7 +94,7 @@ def shard(specs: Sequence, which: str | tuple[int, int] | None) -> list:
 def format_seconds(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
-    seconds = int(seconds)
+    seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 

@@ -253,6 +253,16 @@ def test_the_budget_is_the_largest_cells_converged_length_within_the_validation_
         da.choose_budget([test_run], 285)
 
 
+def test_the_protocol_estimate_sums_every_stage_from_per_step_costs_linear_in_depth():
+    # one second per step per layer, nothing else: budget Σ_T T · (24 + 24 + 96 + 96) = 6,500 · 240 s = 433:20:00;
+    # rates 8 columns × (6+12+24+48+96 = 186 layers) × 4 rates × 10 steps = 59,520 s = 16:32:00;
+    # final 8 × 186 × 5 seeds × 2 protocols × 10 steps = 148,800 s = 41:20:00
+    costs = {d: {"setup": 0.0, "first_step": 0.0, "per_step": float(d), "evaluations": 0.0} for d in (6, 96)}
+    text = da.protocol_estimate(costs, steps=10)
+    assert text.startswith("budget 433:20:00 (16 runs of 500/1000/2000/3000 steps); rates 16:32:00 (160 runs")
+    assert "final 41:20:00 (≤ 400 runs of 10 steps); total 491:12:00" in text
+
+
 def test_the_validation_split_of_the_budget_has_285_images():
     assert da.validation_images() == 285
 
