@@ -70,6 +70,16 @@ def timed(step, state, batches):
     return state, (time.perf_counter() - start) / len(batches)
 
 
+def finish(result: dict, path: str | None) -> None:
+    """Records the load at the end, prints it and writes ``result`` to ``path`` (when given) as JSON."""
+    result["load_average_end"] = load_average()
+    print(f"load at the end {result['load_average_end']}")
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {path}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--depths", type=int, nargs="+", default=[24, 96])
@@ -103,12 +113,7 @@ def main(argv=None) -> None:
         print(f"depth {depth}, {args.members} members: sequential {row['sequential_ms_per_member_step']:.1f} ms, "
               f"vmapped {row['vmapped_ms_per_member_step']:.1f} ms per member-step → speed-up "
               f"{row['speedup']:.2f}× ({result['cpu']})")
-    result["load_average_end"] = load_average()
-    print(f"load at the end {result['load_average_end']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {args.json}")
+    finish(result, args.json)
 
 
 if __name__ == "__main__":

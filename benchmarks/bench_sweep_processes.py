@@ -56,6 +56,9 @@ def main(argv=None) -> None:
     if args.child:
         depth, steps, core = args.child
         return child(int(depth), int(steps), None if core == "None" else int(core))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_seed_vmap import finish
+
     from layerscale_jax.bench.timing import cpu_model, load_average
 
     cores = sorted(os.sched_getaffinity(0))
@@ -77,12 +80,7 @@ def main(argv=None) -> None:
         result["depths"][depth] = row
         print(f"depth {depth}: one process {row['one_process_steps_per_s']:.2f} steps/s, one per core "
               f"{row['one_per_core_steps_per_s']:.2f} steps/s → {row['ratio']:.2f}× ({result['cpu']})")
-    result["load_average_end"] = load_average()
-    print(f"load at the end {result['load_average_end']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {args.json}")
+    finish(result, args.json)
 
 
 if __name__ == "__main__":
