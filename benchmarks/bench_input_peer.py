@@ -13,6 +13,10 @@ all alike):
   ours_bilinear    the same with `data.augment.interpolation="bilinear"`: big_vision's resize (bilinear, half-pixel
                    centres, no antialias), so it does what tfdata_base does.
   ours_deit3       ours_base + 3-Augment + colour jitter 0.3 (the DeiT III train path).
+  ours_base_threads, ours_deit3_threads
+                   the same paths as the config default runs them: no worker process (`data.num_workers=0`), W
+                   threads of the calling process build batches (`data.prefetch=W`); PIL releases the GIL while it
+                   decodes and resizes.
   tfdata_base      big_vision's `decode_jpeg_and_inception_crop` recipe written with tf.data: the crop window drawn by
                    `stateless_sample_distorted_bounding_box` (area 0.08-1, ratio 3/4-4/3) from
                    `extract_jpeg_shape`, decoded alone by `decode_and_crop_jpeg`, resized bilinearly (no antialias:
@@ -21,7 +25,8 @@ all alike):
   tfdata_bicubic   the same with our resize filter (bicubic, antialiased), so the two sides do equal work.
 
 Every process runs with the malloc settings of the train entry point (`layerscale_jax.runtime`: huge pages).
-W workers: grain worker processes for ours (`data.num_workers`, prefetch 2), threads for tf.data. CPU-seconds are
+W workers: grain worker processes for ours (`data.num_workers`, prefetch 2; threads for the *_threads contenders),
+threads for tf.data. CPU-seconds are
 those of the whole process tree (the main process with all its threads, grain's worker processes) over the timed
 batches, read from /proc, so images per CPU-second counts every core the pipeline used. `--baseline DIR` adds
 `ours_base@baseline` and `ours_deit3@baseline` contenders that import `layerscale_jax` from DIR (an earlier commit
@@ -44,11 +49,12 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE, CROP_SCALE, CROP_RATIO = 224, (0.08, 1.0), (3 / 4, 4 / 3)
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-CONTENDERS = ("tfdata_base", "ours_base", "ours_bilinear", "ours_deit3", "tfdata_bicubic")
+CONTENDERS = ("tfdata_base", "ours_base", "ours_base_threads", "ours_bilinear", "ours_deit3", "ours_deit3_threads",
+              "tfdata_bicubic")
 # ours / tf.data per CPU-second and wall clock: each of ours against the peer doing the same work, and against
 # big_vision's own recipe (tfdata_base).
-PEERS = {"ours_base": ("tfdata_base", "tfdata_bicubic"), "ours_bilinear": ("tfdata_base",),
-         "ours_deit3": ("tfdata_base",)}
+PEERS = {"ours_base": ("tfdata_base", "tfdata_bicubic"), "ours_base_threads": ("tfdata_base", "tfdata_bicubic"),
+         "ours_bilinear": ("tfdata_base",), "ours_deit3": ("tfdata_base",), "ours_deit3_threads": ("tfdata_base",)}
 
 
 # ----------------------------------------------------------------------------------------------- one measurement
@@ -91,12 +97,14 @@ def timed(batches, warmup, batch_size, next_batch):
 
 
 def ours(variant, workers, batch, jpeg_shape, num_records):
-    """`variant`: 'base', 'bilinear' or 'deit3' (the docstring)."""
+    """`variant`: 'base', 'bilinear' or 'deit3', each optionally with '_threads' (the docstring)."""
     from layerscale_jax.data import default_data_config, make_train_iterator
 
     cfg = default_data_config("synthetic")
     cfg.image_size, cfg.num_train, cfg.synthetic_jpeg_shape = SIZE, num_records, tuple(jpeg_shape)
-    cfg.num_workers, cfg.prefetch = workers, 2
+    threads = variant.endswith("_threads")
+    variant = variant.removesuffix("_threads")
+    cfg.num_workers, cfg.prefetch = (0, workers) if threads else (workers, 2)
     a = cfg.augment
     a.random_resized_crop, a.crop_scale, a.hflip = True, CROP_SCALE, True
     full = variant == "deit3"
