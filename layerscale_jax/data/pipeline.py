@@ -38,7 +38,6 @@ next batch so every batch keeps b examples, eval marks it `mask=False`.
 
 import collections
 import dataclasses
-import gc
 import threading
 import time
 
@@ -503,7 +502,7 @@ class EvalIterator:
     """One pass over the eval split: per-process batches {"image", "label", "mask"}; len() = number of batches."""
 
     def __init__(self, batch_fn, normalize, num_batches, settings):
-        self._num_batches, self._workers = num_batches, settings.num_workers
+        self._num_batches = num_batches
         self._it = _grain_iterator(batch_fn, normalize, 0, num_batches, settings.num_workers, settings.prefetch)
         self.bad_records = 0
 
@@ -520,11 +519,6 @@ class EvalIterator:
             batch = next(self._it)
         except StopIteration:
             self.close()
-            if self._workers:
-                # grain keeps the last batch a worker handed over (in shared memory) in a reference cycle through
-                # the end-of-stream exception of its own prefetch thread; collected now, its memory is unlinked
-                # instead of ending as a "leaked shared_memory objects" warning at exit (tests/test_data_handover).
-                gc.collect()
             raise
         self.bad_records += int(batch.pop("_bad"))
         return batch
