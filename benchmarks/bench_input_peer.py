@@ -26,15 +26,14 @@ all alike):
 
 Every process runs with the malloc settings of the train entry point (`layerscale_jax.runtime`: huge pages).
 W workers: grain worker processes for ours (`data.num_workers`, prefetch 2; threads for the *_threads contenders),
-threads for tf.data. CPU-seconds are
-those of the whole process tree (the main process with all its threads, grain's worker processes) over the timed
-batches, read from /proc, so images per CPU-second counts every core the pipeline used. `--baseline DIR` adds
-`ours_base@baseline` and `ours_deit3@baseline` contenders that import `layerscale_jax` from DIR (an earlier commit
-exported with `git archive COMMIT layerscale_jax | tar -x -C DIR`), in the same rounds. Printed and saved: medians
-over rounds per contender and worker count; ours / tf.data per CPU-second and in wall-clock images/s (`PEERS`:
-ours_base against tfdata_base and tfdata_bicubic, ours_bilinear and ours_deit3 against tfdata_base); the wall-clock
-speedup from the fewest to the most workers. Results go to benchmarks/results/input_peer_<machine>_<date>.json
-(<machine>: `bench.entries.results_name`, the CPU kind).
+threads for tf.data. CPU-seconds are those of the whole process tree (the main process with all its threads, grain's
+worker processes) over the timed batches, read from /proc, so images per CPU-second counts every core the pipeline
+used. `--baseline DIR` adds `ours_base@baseline` and `ours_deit3@baseline` contenders that import `layerscale_jax`
+from DIR (an earlier commit exported with `git archive COMMIT layerscale_jax | tar -x -C DIR`), in the same rounds.
+Printed and saved: medians over rounds per contender and worker count; ours / tf.data per CPU-second and in
+wall-clock images/s (`PEERS`: ours_base(_threads) against tfdata_base and tfdata_bicubic, the others against
+tfdata_base); the wall-clock speedup from the fewest to the most workers. Results go to
+benchmarks/results/input_peer_<machine>_<date>.json (<machine>: `bench.entries.results_name`, the CPU kind).
 """
 
 import argparse
