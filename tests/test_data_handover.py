@@ -32,3 +32,28 @@ def test_batches_cross_the_worker_boundary_as_uint8_and_are_normalised_after_it(
         for k in got:
             np.testing.assert_array_equal(got[k], expected[k])
             assert got[k].dtype == expected[k].dtype and type(got[k]) is np.ndarray  # not a shared-memory array
+
+
+_EVAL_PASS_WITH_A_WORKER = """
+from layerscale_jax import data
+cfg = data.default_data_config("synthetic")
+cfg.image_size, cfg.num_train, cfg.num_test = 16, 32, 48
+cfg.num_workers, cfg.prefetch = 1, 2
+with data.make_eval_iterator(cfg, global_batch_size=16, process_index=0, process_count=1) as batches:
+    print("eval batches", sum(1 for _ in batches))
+"""
+
+
+def test_a_finished_eval_pass_through_a_worker_leaves_no_shared_memory_behind():
+    # The last batch grain handed over sat in a reference cycle past the end of the pass, and grain unlinks segments
+    # on a background thread that the interpreter's exit can cut short: the resource tracker warned "There appear to
+    # be 3 leaked shared_memory objects" (one per array of the batch) at the end of runs that evaluated with workers,
+    # in 3 of 5 runs of this script before the fix. Run as `python -c` (as here) it showed more often than as a file.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _EVAL_PASS_WITH_A_WORKER], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "eval batches 3" in proc.stdout
+    assert "leaked shared_memory" not in proc.stderr, proc.stderr[-2000:]

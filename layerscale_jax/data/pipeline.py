@@ -38,6 +38,7 @@ next batch so every batch keeps b examples, eval marks it `mask=False`.
 
 import collections
 import dataclasses
+import gc
 import threading
 import time
 
@@ -498,11 +499,26 @@ class TrainIterator:
             pass
 
 
+def _release_handed_over_batches():
+    """Unlinks the shared memory of the batches grain's workers handed over and the pass no longer holds, before
+    the caller goes on (or the interpreter exits: else the resource tracker warns of "leaked shared_memory
+    objects" at the end of every run that evaluated with workers; tests/test_data_handover.py). grain keeps the
+    last batch in a reference cycle through the end-of-stream exception of its prefetch thread, so it is collected
+    here; and it unlinks segments on a one-thread pool, so a no-op sent through that pool returns once the
+    unlinks queued before it are done (grain exposes no call to wait for them)."""
+    from grain.multiprocessing import SharedMemoryArray
+
+    gc.collect()
+    deleter = getattr(SharedMemoryArray, "_del_thread_pool", None)
+    if deleter is not None:
+        deleter.apply(int)
+
+
 class EvalIterator:
     """One pass over the eval split: per-process batches {"image", "label", "mask"}; len() = number of batches."""
 
     def __init__(self, batch_fn, normalize, num_batches, settings):
-        self._num_batches = num_batches
+        self._num_batches, self._workers = num_batches, settings.num_workers
         self._it = _grain_iterator(batch_fn, normalize, 0, num_batches, settings.num_workers, settings.prefetch)
         self.bad_records = 0
 
@@ -519,6 +535,8 @@ class EvalIterator:
             batch = next(self._it)
         except StopIteration:
             self.close()
+            if self._workers:
+                _release_handed_over_batches()
             raise
         self.bad_records += int(batch.pop("_bad"))
         return batch
