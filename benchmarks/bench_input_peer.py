@@ -10,10 +10,11 @@ all alike):
   ours_base        grain + PIL (`data.make_train_iterator`): random-resized crop (scale 0.08-1, ratio 3/4-4/3,
                    bicubic, antialiased: DeiT III's, `data.augment.interpolation="bicubic"`, the default),
                    horizontal flip.
-  ours_bilinear    the same with `data.augment.interpolation="bilinear"`: big_vision's resize (bilinear, half-pixel
-                   centres, no antialias), so it does what tfdata_base does.
+  ours_bilinear    the same with `data.augment.interpolation="bilinear"`: big_vision's crop with TensorFlow's own ops
+                   (`decode_and_crop_jpeg` of the window, bilinear resize without antialias, cast to uint8) in the
+                   grain map, so it does what tfdata_base does.
   ours_deit3       ours_base + 3-Augment + colour jitter 0.3 (the DeiT III train path).
-  ours_base_threads, ours_deit3_threads
+  ours_base_threads, ours_bilinear_threads, ours_deit3_threads
                    the same paths as the config default runs them: no worker process (`data.num_workers=0`), W
                    threads of the calling process build batches (`data.prefetch=W`); PIL releases the GIL while it
                    decodes and resizes.
@@ -48,12 +49,13 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE, CROP_SCALE, CROP_RATIO = 224, (0.08, 1.0), (3 / 4, 4 / 3)
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-CONTENDERS = ("tfdata_base", "ours_base", "ours_base_threads", "ours_bilinear", "ours_deit3", "ours_deit3_threads",
-              "tfdata_bicubic")
+CONTENDERS = ("tfdata_base", "ours_base", "ours_base_threads", "ours_bilinear", "ours_bilinear_threads", "ours_deit3",
+              "ours_deit3_threads", "tfdata_bicubic")
 # ours / tf.data per CPU-second and wall clock: each of ours against the peer doing the same work, and against
 # big_vision's own recipe (tfdata_base).
 PEERS = {"ours_base": ("tfdata_base", "tfdata_bicubic"), "ours_base_threads": ("tfdata_base", "tfdata_bicubic"),
-         "ours_bilinear": ("tfdata_base",), "ours_deit3": ("tfdata_base",), "ours_deit3_threads": ("tfdata_base",)}
+         "ours_bilinear": ("tfdata_base",), "ours_bilinear_threads": ("tfdata_base",), "ours_deit3": ("tfdata_base",),
+         "ours_deit3_threads": ("tfdata_base",)}
 
 
 # ----------------------------------------------------------------------------------------------- one measurement

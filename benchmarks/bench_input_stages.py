@@ -1,6 +1,7 @@
 """The JPEG train path stage by stage, this checkout against an earlier one, in one process.
 
     python benchmarks/bench_input_stages.py --baseline DIR [--repeats 7] [--jpeg-shape 375 500] [--json]
+                                            [--tensorflow-default-threads]
 
 DIR holds an earlier commit's package (`git archive COMMIT layerscale_jax | tar -x -C DIR`); its
 `data/transforms.py` is loaded beside this checkout's. Each stage runs the same inputs through both versions,
@@ -8,8 +9,10 @@ timed alternately (baseline, ours, baseline, ...: a change of load hits both), i
 (one thread), median over repeats, per image:
 
   decode_crop   JPEG bytes -> random-resized crop to 224 (the same generator seeds on both sides)
-  bilinear      the same crops resized with `data.augment.interpolation="bilinear"` (big_vision's filter) against
-                this checkout's default bicubic ("baseline" column: bicubic, "ours": bilinear)
+  bilinear      the same crops with `data.augment.interpolation="bilinear"` (big_vision's filter), the baseline's
+                against ours (left out when the baseline has no bilinear crop)
+  bilinear_vs_bicubic
+                this checkout's default bicubic crop ("baseline" column) against its bilinear one ("ours")
   hflip         64 images of 224 px, half mirrored: the baseline's numpy flip of the batch against ours on the DeiT
                 III path, where the images are mirrored in PIL (`transpose`) before 3-Augment
   hflip_numpy   the same flip on the crop + flip path (no per-image PIL ops): the baseline's numpy flip against ours
@@ -23,6 +26,7 @@ timed alternately (baseline, ours, baseline, ...: a change of load hits both), i
 
 import argparse
 import importlib.util
+import inspect
 import json
 import os
 import statistics
@@ -97,13 +101,18 @@ def stages(old, jpeg_shape):
     def handover_new(i):
         return transforms.normalize(handover(x), MEAN, STD)
 
-    def crop_with(interpolation, i):
+    def crop_with(mod, interpolation, i):
         r = np.random.default_rng([0, 2, i])
-        return transforms.decode_random_resized_crop(pool[i % 16], 3, SIZE, SCALE, r, interpolation)
+        return mod.decode_random_resized_crop(pool[i % 16], 3, SIZE, SCALE, r, interpolation)
 
+    bilinear = {"baseline": lambda i: crop_with(old, "bilinear", i),
+                "ours": lambda i: crop_with(transforms, "bilinear", i)}
     return {
         "decode_crop": (1, {"baseline": lambda i: crop(old, i), "ours": lambda i: crop(transforms, i)}),
-        "bilinear": (1, {"baseline": lambda i: crop_with("bicubic", i), "ours": lambda i: crop_with("bilinear", i)}),
+        **({"bilinear": (1, bilinear)}
+           if "interpolation" in inspect.signature(old.decode_random_resized_crop).parameters else {}),
+        "bilinear_vs_bicubic": (1, {"baseline": lambda i: crop_with(transforms, "bicubic", i),
+                                    "ours": lambda i: crop_with(transforms, "bilinear", i)}),
         "hflip": (BATCH, {"baseline": lambda i: old.hflip(x, flip), "ours": flip_in_pil}),
         "hflip_numpy": (BATCH, {"baseline": lambda i: old.hflip(x, flip), "ours": lambda i: transforms.hflip(x, flip)}),
         "normalize": (BATCH, {"baseline": normalize_old, "ours": normalize_new}),
@@ -139,7 +148,14 @@ def main(argv=None):
     p.add_argument("--calls", type=int, default=64, help="calls per repeat (images for per-image stages)")
     p.add_argument("--jpeg-shape", type=int, nargs=2, default=[375, 500], metavar=("H", "W"))
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--tensorflow-default-threads", action="store_true",
+                   help="start TensorFlow before the stages, so the bilinear crop finds its thread pools at their "
+                        "defaults (one thread per core) instead of setting them to one thread (data.transforms)")
     args = p.parse_args(argv)
+    if args.tensorflow_default_threads:
+        import tensorflow as tf
+
+        tf.constant(0.0) + 1.0  # the first op starts TensorFlow's runtime: its thread pools are fixed from here
     old = load_baseline(args.baseline)
     load = timing.load_average()
     results = {}
@@ -152,6 +168,7 @@ def main(argv=None):
                   f"{r['ms_per_image']['ours']:7.3f} ms/image   {r['speedup']:5.2f}x", flush=True)
     if args.json:
         print(json.dumps({"benchmark": "input_stages", "cpu": timing.cpu_model(), "jpeg_shape": args.jpeg_shape,
+                          "tensorflow_default_threads": args.tensorflow_default_threads,
                           "load_average_start": load, "load_average_end": timing.load_average(),
                           "stages": results}, indent=1))
 

@@ -28,8 +28,9 @@ Fields (`data.*`):
   augment.random_resized_crop  Inception-style random-resized crop (else: resize shorter side + centre crop).
   augment.crop_scale           (min, max) area fraction of the random-resized crop.
   augment.interpolation        resize filter of the random-resized crop: 'bicubic' (PIL bicubic, antialiased: the
-                               DeiT III / timm recipe) or 'bilinear' (big_vision's inception crop: bilinear, half-pixel
-                               centres, no antialiasing, as tf.image.resize(antialias=False); `data.transforms`).
+                               DeiT III / timm recipe) or 'bilinear' (big_vision's inception crop with TensorFlow's
+                               own ops: decode_and_crop_jpeg of the window, tf.image.resize(antialias=False), cast
+                               to uint8; `data.transforms`).
   augment.crop_padding         random translation: reflect-pad by this many pixels and randomly crop back
                                (DeiT III's "simple random crop"; 1 px for digits). 0 disables.
   augment.hflip                random horizontal flip with p = 0.5 (off for digits: digits are not mirror-symmetric).

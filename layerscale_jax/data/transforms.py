@@ -1,4 +1,4 @@
-"""Image preprocessing on numpy / PIL (no TensorFlow at read time).
+"""Image preprocessing on numpy / PIL (TensorFlow only for the bilinear random-resized crop, below).
 
 Two stages, so that everything that can be vectorised over a batch is:
 
@@ -15,19 +15,24 @@ grayscale, solarize(threshold 128), gaussian blur(sigma ~ U[0.1, 2])) -> ColorJi
 when configured, runs after the flip and before 3-Augment (DeiT I used RandAugment in that slot instead).
 
 Decoding only what the crop needs. The crop box is drawn from the image size in the header, before any pixel is
-decoded (the same generator calls as on a decoded image, so the same box). When the box's shorter side is at least
-s * size for s in (8, 4, 2), a JPEG is decoded at 1/s scale in the DCT domain (libjpeg's scaled IDCT, PIL's
+decoded (the same generator calls as on a decoded image, so the same box). Bicubic: when the box's shorter side is
+at least s * size for s in (8, 4, 2), a JPEG is decoded at 1/s scale in the DCT domain (libjpeg's scaled IDCT, PIL's
 `draft`), and the box, divided by s, is resized from there: same geometry, pixels within the bound that
 tests/test_input_speed.py states against a full decode; every other crop decodes at full size, bit-identical to
 decoding first and cropping after.
 
 Resize filter of the random-resized crop (`data.augment.interpolation`): 'bicubic' (default), PIL's bicubic with
-antialiasing, the DeiT III / timm recipe; 'bilinear', big_vision's `inception_crop`: the crop resized bilinearly
-with half-pixel centres and no antialiasing, i.e. `tf.image.resize(crop, method="bilinear", antialias=False)` cast
-back to uint8 (truncated, as big_vision's `resize` op casts), done by PIL's affine transform (which samples the
-input at (x + 0.5) * scale, interpolates the two nearest pixel centres on each axis in double precision, clamps at
-the edges and truncates). The bilinear crop is always decoded at full scale, as `decode_and_crop_jpeg` decodes it.
+antialiasing, the DeiT III / timm recipe; 'bilinear', big_vision's `decode_jpeg_and_inception_crop` after its window
+is drawn, run with TensorFlow's own ops so the pixels are big_vision's: `tf.io.decode_and_crop_jpeg(raw, window)`
+(libjpeg decodes only the window's columns and stops after its last row) and `tf.image.resize(crop,
+method="bilinear", antialias=False)` (half-pixel centres, clamped at the edges) cast back to uint8 (truncated, as
+big_vision's `resize` op casts). Records that are not plain RGB / greyscale JPEGs, and JPEGs that do not end in
+their end-of-image marker, are decoded in full by PIL first (`_load`: a truncated record stays a bad record, as
+with bicubic, although the window may lie above the truncation, where `decode_and_crop_jpeg` would not notice),
+then resized by the same TensorFlow op. TensorFlow (a dependency, for preparing datasets) is imported the first
+time a bilinear crop is made.
 """
+import functools
 import io
 import math
 
@@ -86,37 +91,71 @@ def dct_scale(crop_height, crop_width, size):
 
 
 def decode_random_resized_crop(raw, channels, size, scale, rng, interpolation="bicubic"):
-    """Decode + `random_resized_crop` in one: the box from the header's size, then a JPEG decoded at 1/s scale
-    (`dct_scale`; bicubic only) when the box allows it (module docstring). uint8 [size, size, channels]; ValueError
-    if the record cannot be decoded. Arrays and other formats: decoded in full, then cropped."""
+    """Decode + `random_resized_crop` in one: the box from the header's size, then (bicubic) a JPEG decoded at 1/s
+    scale (`dct_scale`) when the box allows it, or (bilinear) only the box decoded (module docstring). uint8
+    [size, size, channels]; ValueError if the record cannot be decoded. Arrays: cropped and resized alike."""
     arr = _array(raw, channels)
     if arr is not None:
         return random_resized_crop(arr, size, scale, rng, interpolation)
     img, raw = _open(raw)
     w, h = img.size
     top, left, ch, cw = random_resized_crop_box(h, w, scale, rng)
+    if interpolation == "bilinear":
+        if img.format == "JPEG" and img.mode in ("RGB", "L") and raw.endswith(_JPEG_END):
+            return _bilinear_jpeg_crop(raw, (top, left, ch, cw), size, channels)
+        return bilinear_crop(from_pil(_load(img, raw, channels)), (top, left, ch, cw), size)
     box = (left, top, left + cw, top + ch)
-    s = dct_scale(ch, cw, size) if img.format == "JPEG" and interpolation == "bicubic" else 1
+    s = dct_scale(ch, cw, size) if img.format == "JPEG" else 1
     if s > 1:
         drafted = img.draft(img.mode, (w // s, h // s))  # -> (mode, (0, 0, w / s', h / s')), s' the scale it took
         if drafted is not None and drafted[1][2] != w:
             s = w / drafted[1][2]
             box = tuple(v / s for v in box)
-    return from_pil(resize_box(_load(img, raw, channels), box, size, interpolation))
+    return from_pil(_load(img, raw, channels).resize((size, size), Image.BICUBIC, box=box))
 
 
-def resize_box(img, box, size, interpolation):
-    """The `box` (left, top, right, bottom) of PIL image `img` resized to size x size with `interpolation`
-    (module docstring): bicubic antialiased, or bilinear without antialiasing, half-pixel centres, truncated."""
-    if interpolation == "bicubic":
-        return img.resize((size, size), Image.BICUBIC, box=box)
-    left, top, right, bottom = box
-    if right - left < size or bottom - top < size:
-        # Enlarged along an axis: samples within half a pixel of the box's edge clamp to the box (as resizing the
-        # cropped image does) rather than reading the pixels beyond it.
-        img, left, top, right, bottom = img.crop(box), 0, 0, right - left, bottom - top
-    matrix = ((right - left) / size, 0.0, left, 0.0, (bottom - top) / size, top)
-    return img.transform((size, size), Image.Transform.AFFINE, matrix, resample=Image.BILINEAR)
+_JPEG_END = b"\xff\xd9"  # EOI, the marker that ends every complete JPEG
+
+
+def bilinear_crop(arr, window, size):
+    """big_vision's bilinear resize of the window (top, left, height, width) of uint8 [H, W, C] to size x size
+    (module docstring)."""
+    top, left, ch, cw = window
+    return _bilinear_resize(_tensorflow().constant(arr[top : top + ch, left : left + cw]), size)
+
+
+def _bilinear_jpeg_crop(raw, window, size, channels):
+    """`bilinear_crop` of a JPEG's window, decoding only the window; ValueError if TensorFlow cannot decode it."""
+    tf = _tensorflow()
+    try:
+        return _bilinear_resize(tf.io.decode_and_crop_jpeg(raw, window, channels=channels), size)
+    except tf.errors.InvalidArgumentError as e:  # no scan data, a bad marker, ...
+        raise ValueError(f"cannot decode image ({len(raw)} bytes): {e.message.splitlines()[-1]}") from None
+
+
+def _bilinear_resize(crop, size):
+    tf = _tensorflow()
+    return tf.cast(tf.image.resize(crop, (size, size), method="bilinear", antialias=False), tf.uint8).numpy()
+
+
+@functools.cache
+def _tensorflow():
+    """TensorFlow, imported on first use. Its ops run eagerly, each in the calling thread, which releases the GIL
+    while it runs, so threads scale as they do with PIL (a `tf.function` runs on TensorFlow's own pool, where two
+    threads calling it gained less). When this is the process's first use of TensorFlow, it is kept off
+    the GPUs JAX trains on (as big_vision does) and to one thread per op, as tf.data runs big_vision's map
+    (`max_intra_op_parallelism = 1`): the grain threads are the parallelism (docs/data.md). Once TensorFlow has
+    started, neither can change; the ops then run as it is configured."""
+    import tensorflow as tf
+
+    for configure in (lambda: tf.config.set_visible_devices([], "GPU"),
+                      lambda: tf.config.threading.set_intra_op_parallelism_threads(1),
+                      lambda: tf.config.threading.set_inter_op_parallelism_threads(1)):
+        try:
+            configure()
+        except RuntimeError:  # TensorFlow has started in this process already
+            pass
+    return tf
 
 
 def to_pil(arr):
@@ -168,7 +207,9 @@ def random_resized_crop_box(h, w, scale, rng, ratio=RRC_RATIO):
 
 def random_resized_crop(arr, size, scale, rng, interpolation="bicubic"):
     top, left, ch, cw = random_resized_crop_box(arr.shape[0], arr.shape[1], scale, rng)
-    return from_pil(resize_box(to_pil(arr), (left, top, left + cw, top + ch), size, interpolation))
+    if interpolation == "bilinear":
+        return bilinear_crop(arr, (top, left, ch, cw), size)
+    return from_pil(to_pil(arr).resize((size, size), Image.BICUBIC, box=(left, top, left + cw, top + ch)))
 
 
 # ----------------------------------------------------------------------------------------------- batch stage
