@@ -175,16 +175,20 @@ class _Records:
                     raise ValueError(f"label {label} is outside [0, {self.num_classes})")
                 image = decode(raw, i) if decode else transforms.decode_image(raw, self.channels)
             except (ValueError, TypeError) as e:
-                if not self.skip_bad:
-                    raise BadRecordError(
-                        f"bad {self.source.describe(key)}: {e}. "
-                        "Set data.skip_bad_records=True to skip (and count) such records."
-                    ) from None
-                images.append(None)
+                images.append(self.bad(key, e))
                 continue
             images.append(image)
             labels[i] = label
         return images, labels
+
+    def bad(self, key, error):
+        """Record `key` is bad (`error` says why): BadRecordError naming it, or None when skipping."""
+        if not self.skip_bad:
+            raise BadRecordError(
+                f"bad {self.source.describe(key)}: {error}. "
+                "Set data.skip_bad_records=True to skip (and count) such records."
+            )
+        return None
 
 
 @dataclasses.dataclass
@@ -242,13 +246,14 @@ class _TrainBatch:
         fill = tuple(int(round(255 * m)) for m in mean)  # RandAugment's fill: the mean colour
         self.fill = fill if channels == 3 else fill[0]
 
-    def element(self, image, position):
+    def element(self, image, position, defer=False):
         """Per-image train stage on a decoded image or a stored record (decoded only as far as its crop needs):
-        random-resized crop (seeded by position) or resize + centre crop."""
+        random-resized crop (seeded by position) or resize + centre crop. `defer`: a bilinear JPEG window comes
+        back undecoded (`transforms.JpegWindow`), for `_decode_windows`."""
         if self.aug.random_resized_crop:
             rng = np.random.default_rng([self.seed, 2, int(position)])
             return transforms.decode_random_resized_crop(
-                image, self.channels, self.s.image_size, self.aug.crop_scale, rng, self.aug.interpolation
+                image, self.channels, self.s.image_size, self.aug.crop_scale, rng, self.aug.interpolation, defer
             )
         return transforms.resize_center_crop(transforms.decode_image(image, self.channels), self.s.image_size)
 
@@ -264,7 +269,8 @@ class _TrainBatch:
             else:
                 x = np.stack([self.element(self.cache.images[k], q) for k, q in zip(keys, positions)])
         else:
-            images, labels = self.records.load(keys, lambda raw, i: self.element(raw, positions[i]))
+            images, labels = self.records.load(keys, lambda raw, i: self.element(raw, positions[i], defer=True))
+            self._decode_windows(images, keys)
             x = np.zeros((g.per_process, size, size, self.channels), np.uint8)
             for i, image in enumerate(images):
                 if image is None:
@@ -272,6 +278,14 @@ class _TrainBatch:
                 else:
                     x[i] = image
         return {"image": self.augment(x, j), "label": labels, "_valid": valid}
+
+    def _decode_windows(self, images, keys):
+        """Replaces the batch's `JpegWindow`s by their crops, decoded in one call (`transforms.bilinear_jpeg_crops`);
+        a window that cannot be decoded makes its record bad."""
+        at = [i for i, image in enumerate(images) if isinstance(image, transforms.JpegWindow)]
+        crops = transforms.bilinear_jpeg_crops([images[i] for i in at], self.s.image_size, self.channels)
+        for i, crop in zip(at, crops):
+            images[i] = self.records.bad(keys[i], crop) if isinstance(crop, ValueError) else crop
 
     def draw(self, j):
         """Random parameters of batch j, drawn for the whole global batch (seeded by (seed, j)), then this

@@ -29,12 +29,15 @@ method="bilinear", antialias=False)` (half-pixel centres, clamped at the edges) 
 big_vision's `resize` op casts). Records that are not plain RGB / greyscale JPEGs, and JPEGs that do not end in
 their end-of-image marker, are decoded in full by PIL first (`_load`: a truncated record stays a bad record, as
 with bicubic, although the window may lie above the truncation, where `decode_and_crop_jpeg` would not notice),
-then resized by the same TensorFlow op. TensorFlow (a dependency, for preparing datasets) is imported the first
-time a bilinear crop is made.
+then resized by the same TensorFlow op. The train pipeline defers a batch's JPEG windows (`defer=True`,
+`JpegWindow`) and decodes them in one TensorFlow graph call (`bilinear_jpeg_crops`). TensorFlow (a dependency, for
+preparing datasets) is imported the first time a bilinear crop is made.
 """
 import functools
 import io
 import math
+import re
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image, ImageFilter, ImageOps
@@ -90,10 +93,12 @@ def dct_scale(crop_height, crop_width, size):
     return next((s for s in (8, 4, 2) if min(crop_height, crop_width) >= s * size), 1)
 
 
-def decode_random_resized_crop(raw, channels, size, scale, rng, interpolation="bicubic"):
+def decode_random_resized_crop(raw, channels, size, scale, rng, interpolation="bicubic", defer=False):
     """Decode + `random_resized_crop` in one: the box from the header's size, then (bicubic) a JPEG decoded at 1/s
     scale (`dct_scale`) when the box allows it, or (bilinear) only the box decoded (module docstring). uint8
-    [size, size, channels]; ValueError if the record cannot be decoded. Arrays: cropped and resized alike."""
+    [size, size, channels]; ValueError if the record cannot be decoded. Arrays: cropped and resized alike.
+    `defer`: a bilinear JPEG window comes back as a `JpegWindow`, to be decoded with the rest of its batch
+    (`bilinear_jpeg_crops`)."""
     arr = _array(raw, channels)
     if arr is not None:
         return random_resized_crop(arr, size, scale, rng, interpolation)
@@ -102,7 +107,13 @@ def decode_random_resized_crop(raw, channels, size, scale, rng, interpolation="b
     top, left, ch, cw = random_resized_crop_box(h, w, scale, rng)
     if interpolation == "bilinear":
         if img.format == "JPEG" and img.mode in ("RGB", "L") and raw.endswith(_JPEG_END):
-            return _bilinear_jpeg_crop(raw, (top, left, ch, cw), size, channels)
+            window = JpegWindow(raw, (top, left, ch, cw))
+            if defer:
+                return window
+            crop = bilinear_jpeg_crops([window], size, channels)[0]
+            if isinstance(crop, ValueError):
+                raise crop
+            return crop
         return bilinear_crop(from_pil(_load(img, raw, channels)), (top, left, ch, cw), size)
     box = (left, top, left + cw, top + ch)
     s = dct_scale(ch, cw, size) if img.format == "JPEG" else 1
@@ -117,6 +128,13 @@ def decode_random_resized_crop(raw, channels, size, scale, rng, interpolation="b
 _JPEG_END = b"\xff\xd9"  # EOI, the marker that ends every complete JPEG
 
 
+class JpegWindow(NamedTuple):
+    """A complete RGB / greyscale JPEG and the window (top, left, height, width) of it to decode and resize."""
+
+    raw: bytes
+    window: tuple
+
+
 def bilinear_crop(arr, window, size):
     """big_vision's bilinear resize of the window (top, left, height, width) of uint8 [H, W, C] to size x size
     (module docstring)."""
@@ -124,13 +142,46 @@ def bilinear_crop(arr, window, size):
     return _bilinear_resize(_tensorflow().constant(arr[top : top + ch, left : left + cw]), size)
 
 
-def _bilinear_jpeg_crop(raw, window, size, channels):
-    """`bilinear_crop` of a JPEG's window, decoding only the window; ValueError if TensorFlow cannot decode it."""
+def bilinear_jpeg_crops(windows, size, channels):
+    """`bilinear_crop` of each `JpegWindow`, decoding only the window, as one TensorFlow graph call for all of them
+    (one dispatch per batch instead of several per image; the calling thread waits without the GIL). A list
+    holding each crop, uint8 [size, size, channels], or, for a JPEG TensorFlow cannot decode, its ValueError."""
+    if not windows:
+        return []
     tf = _tensorflow()
     try:
-        return _bilinear_resize(tf.io.decode_and_crop_jpeg(raw, window, channels=channels), size)
+        crops = _jpeg_window_graph(size, channels)(
+            tf.constant([w.raw for w in windows]), tf.constant([w.window for w in windows], tf.int32)
+        )
+        return list(crops.numpy())
+    except tf.errors.InvalidArgumentError:  # at least one of them: find which, one by one
+        return [_try(lambda w=w: _bilinear_resize(tf.io.decode_and_crop_jpeg(w.raw, w.window, channels=channels),
+                                                  size), len(w.raw), tf) for w in windows]
+
+
+def _try(crop, nbytes, tf):
+    try:
+        return crop()
     except tf.errors.InvalidArgumentError as e:  # no scan data, a bad marker, ...
-        raise ValueError(f"cannot decode image ({len(raw)} bytes): {e.message.splitlines()[-1]}") from None
+        message = re.sub(r"\.?\s*\[Op:\w+\]$", "", e.message.splitlines()[-1].split("}} ", 1)[-1])
+        return ValueError(f"cannot decode image ({nbytes} bytes): {message}")
+
+
+@functools.lru_cache(maxsize=None)
+def _jpeg_window_graph(size, channels):
+    tf = _tensorflow()
+
+    def crop(record):
+        raw, window = record
+        image = tf.io.decode_and_crop_jpeg(raw, window, channels=channels)
+        return tf.cast(tf.image.resize(image, (size, size), method="bilinear", antialias=False), tf.uint8)
+
+    @tf.function(input_signature=(tf.TensorSpec([None], tf.string), tf.TensorSpec([None, 4], tf.int32)))
+    def crops(raws, windows):
+        return tf.map_fn(crop, (raws, windows), parallel_iterations=1,
+                         fn_output_signature=tf.TensorSpec([size, size, channels], tf.uint8))
+
+    return crops.get_concrete_function()
 
 
 def _bilinear_resize(crop, size):
@@ -140,17 +191,15 @@ def _bilinear_resize(crop, size):
 
 @functools.cache
 def _tensorflow():
-    """TensorFlow, imported on first use. Its ops run eagerly, each in the calling thread, which releases the GIL
-    while it runs, so threads scale as they do with PIL (a `tf.function` runs on TensorFlow's own pool, where two
-    threads calling it gained less). When this is the process's first use of TensorFlow, it is kept off
-    the GPUs JAX trains on (as big_vision does) and to one thread per op, as tf.data runs big_vision's map
-    (`max_intra_op_parallelism = 1`): the grain threads are the parallelism (docs/data.md). Once TensorFlow has
-    started, neither can change; the ops then run as it is configured."""
+    """TensorFlow, imported on first use. When this is the process's first use of it, it is kept off the GPUs JAX
+    trains on (as big_vision does) and to one thread per op, as tf.data runs big_vision's map
+    (`max_intra_op_parallelism = 1`): the parallelism is the grain threads, whose graph calls run side by side on
+    TensorFlow's inter-op pool (one thread per core). Once TensorFlow has started, neither can change; the ops
+    then run as it is configured."""
     import tensorflow as tf
 
     for configure in (lambda: tf.config.set_visible_devices([], "GPU"),
-                      lambda: tf.config.threading.set_intra_op_parallelism_threads(1),
-                      lambda: tf.config.threading.set_inter_op_parallelism_threads(1)):
+                      lambda: tf.config.threading.set_intra_op_parallelism_threads(1)):
         try:
             configure()
         except RuntimeError:  # TensorFlow has started in this process already
