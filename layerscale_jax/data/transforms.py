@@ -110,7 +110,7 @@ def decode_random_resized_crop(raw, channels, size, scale, rng, interpolation="b
             window = JpegWindow(raw, (top, left, ch, cw))
             if defer:
                 return window
-            crop = bilinear_jpeg_crops([window], size, channels)[0]
+            crop = _decode_window(window, size, channels)
             if isinstance(crop, ValueError):
                 raise crop
             return crop
@@ -139,7 +139,7 @@ def bilinear_crop(arr, window, size):
     """big_vision's bilinear resize of the window (top, left, height, width) of uint8 [H, W, C] to size x size
     (module docstring)."""
     top, left, ch, cw = window
-    return _bilinear_resize(_tensorflow().constant(arr[top : top + ch, left : left + cw]), size)
+    return _bilinear_resize(_tensorflow().constant(arr[top : top + ch, left : left + cw]), size).numpy()
 
 
 def bilinear_jpeg_crops(windows, size, channels):
@@ -150,21 +150,20 @@ def bilinear_jpeg_crops(windows, size, channels):
         return []
     tf = _tensorflow()
     try:
-        crops = _jpeg_window_graph(size, channels)(
-            tf.constant([w.raw for w in windows]), tf.constant([w.window for w in windows], tf.int32)
-        )
-        return list(crops.numpy())
+        raws, boxes = tf.constant([w.raw for w in windows]), tf.constant([w.window for w in windows], tf.int32)
+        return list(_jpeg_window_graph(size, channels)(raws, boxes).numpy())
     except tf.errors.InvalidArgumentError:  # at least one of them: find which, one by one
-        return [_try(lambda w=w: _bilinear_resize(tf.io.decode_and_crop_jpeg(w.raw, w.window, channels=channels),
-                                                  size), len(w.raw), tf) for w in windows]
+        return [_decode_window(w, size, channels) for w in windows]
 
 
-def _try(crop, nbytes, tf):
+def _decode_window(window, size, channels):
+    """`bilinear_jpeg_crops` of one window, eagerly: its crop, or its ValueError."""
+    tf = _tensorflow()
     try:
-        return crop()
+        return _bilinear_resize(tf.io.decode_and_crop_jpeg(window.raw, window.window, channels=channels), size).numpy()
     except tf.errors.InvalidArgumentError as e:  # no scan data, a bad marker, ...
         message = re.sub(r"\.?\s*\[Op:\w+\]$", "", e.message.splitlines()[-1].split("}} ", 1)[-1])
-        return ValueError(f"cannot decode image ({nbytes} bytes): {message}")
+        return ValueError(f"cannot decode image ({len(window.raw)} bytes): {message}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -173,8 +172,7 @@ def _jpeg_window_graph(size, channels):
 
     def crop(record):
         raw, window = record
-        image = tf.io.decode_and_crop_jpeg(raw, window, channels=channels)
-        return tf.cast(tf.image.resize(image, (size, size), method="bilinear", antialias=False), tf.uint8)
+        return _bilinear_resize(tf.io.decode_and_crop_jpeg(raw, window, channels=channels), size)
 
     @tf.function(input_signature=(tf.TensorSpec([None], tf.string), tf.TensorSpec([None, 4], tf.int32)))
     def crops(raws, windows):
@@ -185,8 +183,9 @@ def _jpeg_window_graph(size, channels):
 
 
 def _bilinear_resize(crop, size):
+    """uint8 tensor [h, w, C] -> [size, size, C]: big_vision's resize op (module docstring)."""
     tf = _tensorflow()
-    return tf.cast(tf.image.resize(crop, (size, size), method="bilinear", antialias=False), tf.uint8).numpy()
+    return tf.cast(tf.image.resize(crop, (size, size), method="bilinear", antialias=False), tf.uint8)
 
 
 @functools.cache
