@@ -15,7 +15,8 @@ INSTALL_REQUIRES = [
     "tensorboard==2.21.0",          # the viewer for the event files the train job writes (`tensorboard --logdir`)
     "matplotlib>=3.8",
     # Data: TFDS reads prepared array_record data with grain (no TensorFlow at read time);
-    # tensorflow-cpu is needed to *prepare* datasets (including the offline `digits` default).
+    # tensorflow-cpu is needed to *prepare* datasets (including the offline `digits` default), and for the ops of the
+    # bilinear random-resized crop (`data.augment.interpolation="bilinear"`: big_vision's, docs/data.md).
     "tensorflow-datasets==4.9.10",
     "grain==0.2.18",
     "tensorflow-cpu==2.21.0",
