@@ -2,21 +2,25 @@
 (a quarter of the bytes through shared memory, no copy out of it), with the same batches as before."""
 
 import numpy as np
+import pytest
 
 from layerscale_jax import data
 
 
-def jpeg_config(num_workers):
+def jpeg_config(num_workers, interpolation="bicubic"):
     cfg = data.default_data_config("synthetic")
     cfg.image_size, cfg.num_train, cfg.synthetic_jpeg_shape = 24, 32, (40, 56)
     cfg.num_workers, cfg.prefetch = num_workers, 1
     a = cfg.augment
     a.random_resized_crop, a.hflip, a.three_augment, a.color_jitter = True, True, True, 0.3
+    a.interpolation = interpolation
     return cfg
 
 
-def test_batches_cross_the_worker_boundary_as_uint8_and_are_normalised_after_it():
-    it = data.make_train_iterator(jpeg_config(0), global_batch_size=8, seed=1, process_index=0, process_count=1)
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])  # bilinear: TensorFlow in the worker process
+def test_batches_cross_the_worker_boundary_as_uint8_and_are_normalised_after_it(interpolation):
+    it = data.make_train_iterator(jpeg_config(0, interpolation), global_batch_size=8, seed=1, process_index=0,
+                                  process_count=1)
     handed_over = [it._fn(j) for j in range(2)]  # what a worker process puts into shared memory
     in_process = [next(it) for _ in range(2)]
     it.close()
@@ -24,7 +28,8 @@ def test_batches_cross_the_worker_boundary_as_uint8_and_are_normalised_after_it(
     for raw, batch in zip(handed_over, in_process):
         np.testing.assert_array_equal(batch["image"], it._normalize(raw)["image"])
         assert batch["image"].dtype == np.float32
-    workers = data.make_train_iterator(jpeg_config(1), global_batch_size=8, seed=1, process_index=0, process_count=1)
+    workers = data.make_train_iterator(jpeg_config(1, interpolation), global_batch_size=8, seed=1, process_index=0,
+                                       process_count=1)
     through_workers = [next(workers) for _ in range(2)]
     workers.close()
     for got, expected in zip(through_workers, in_process):
