@@ -166,7 +166,7 @@ def _decode_window(window, size, channels):
         return ValueError(f"cannot decode image ({len(window.raw)} bytes): {message}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jpeg_window_graph(size, channels):
     tf = _tensorflow()
 
