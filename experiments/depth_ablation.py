@@ -20,7 +20,8 @@ command without ``--shard`` on the merged ``runs/`` folders trains what is missi
 whose loss or gradient norm turns non-finite stops there, recorded with ``diverged=True``. Outputs: ``budget.json``
 / ``.md`` / ``budget.png``; ``rates.json`` / ``.md``; per final protocol (``per_depth``, ``one_rate``)
 ``table.md`` (mean and t-based 95% CI over converged runs, divergence counted apart), ``comparisons.md`` (Welch),
-``results.csv`` and the figures of ``depth_ablation_plots``.
+``claims.md`` (CaiT's claims, verdicts by ``cait_claims``' rules), ``results.csv`` and the figures of
+``depth_ablation_plots``.
 
 ``--protocol early`` keeps the committed early-training grid reproducible (200 steps, ``SIZING``; depth ∈ {6, 12,
 24, 48, 96} × ``DEFAULT_SCHEMES`` × seeds {0, 1, 2} plus warm-up off for `none` and `layerscale` at 48 and 96;
@@ -42,6 +43,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cait_claims  # noqa: E402  (CaiT's claims as tests fixed before the final runs, and their verdicts)
 import classifier_run  # noqa: E402  (one run: training, evaluations, diagnostics, divergence)
 import depth_ablation_plots as plots  # noqa: E402  (the study's figures and its palette)
 import sweep  # noqa: E402  (records, resume, shards, ETA, statistics, tables, plots)
@@ -605,7 +607,7 @@ FINAL_PROTOCOLS = {"per_depth": "each column at its best validation rate per dep
 def write_final_report(out: str, rates: dict, command: str | None = None) -> dict[str, str]:
     """For each final protocol (``FINAL_PROTOCOLS``), in ``out/<protocol>/``: ``table.md`` (mean and 95% CI over
     converged runs, divergence counted apart), ``comparisons.md`` (LayerScale vs each column per depth, Welch),
-    ``results.csv`` and the figures."""
+    ``claims.md`` (CaiT's claims judged by the rules of ``cait_claims``), ``results.csv`` and the figures."""
     paths = {}
     every = load_records(out)
     for which, words in FINAL_PROTOCOLS.items():
@@ -621,6 +623,9 @@ def write_final_report(out: str, rates: dict, command: str | None = None) -> dic
         paths[f"{which}/comparisons"] = os.path.join(report_dir, "comparisons.md")
         vp.write_comparisons(records, paths[f"{which}/comparisons"], "LayerScale against each column, " + head,
                              layout(records), REFERENCE)
+        paths[f"{which}/claims"] = os.path.join(report_dir, "claims.md")
+        cait_claims.write_claims(records, paths[f"{which}/claims"], "CaiT's claims, " + head,
+                                 layout(records).value)
         paths[f"{which}/csv"] = os.path.join(report_dir, "results.csv")
         write_csv(records, paths[f"{which}/csv"])
         paths.update({f"{which}/{k}": v for k, v in write_figures(records, report_dir, title).items()})

@@ -308,9 +308,13 @@ def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):
         other = "test" if prefix == "val" else "val"
         assert all(f"final_{prefix}_accuracy" in r and f"final_{other}_accuracy" not in r for r in records)
     assert len(da.load_records(os.path.join(out, "final"))) == 2 * 2 * 2        # both protocols share the runs
-    assert {"per_depth/table", "per_depth/comparisons", "one_rate/table", "one_rate/acc_vs_depth"} <= set(final)
+    assert {"per_depth/table", "per_depth/comparisons", "per_depth/claims", "one_rate/table",
+            "one_rate/acc_vs_depth"} <= set(final)
     table = open(final["per_depth/table"]).read()
     assert "final: digits train → test, 2 steps" in table and "| 2 |" in table
+    claims = open(final["per_depth/claims"]).read()        # depth 1 is shallow, 2 deep; two of the columns ran
+    assert "`layerscale` @ 2 vs `skipinit` (no warm-up) @ 2 | 2/2 vs 2/2 |" in claims
+    assert "### Claim 3: not tested" in claims and "| `layerscale` @ 2 vs `scalar` @ 2 | no runs |" in claims
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,247 @@
+"""CaiT's depth claims as tests fixed before the final runs: the comparisons that decide each claim, their
+statistics, and the rule that turns them into a verdict.
+
+Written on 2026-12-02 while the rate sweep ran, before any final run existed (``git log`` dates this file), so the
+rules were not fitted to the results they judge. ``depth_ablation.py --protocol final`` writes the verdicts to
+``final/<protocol>/claims.md``, once per rate choice.
+
+Each claim is a family of comparisons "cell A trains better than cell B", a cell being a column (scheme, warm-up)
+at a depth; *deep* means the grid's two largest depths (48 and 96), *shallow* its smallest (6). From Touvron et
+al., *Going deeper with Image Transformers* (CaiT, 2021), §3, Fig. 3 and Table 1:
+
+1. A plain pre-norm ViT gets worse as it gets deeper: ``none`` shallow > ``none`` at each deep depth.
+2. LayerScale keeps deep models training: ``layerscale`` > ``none`` at each deep depth.
+3. A per-channel λ beats one scalar per branch: ``layerscale`` > ``scalar`` at each deep depth.
+4. Schemes that remove the normalisation fall behind: ``layerscale`` > ``rezero`` (4a) and > ``skipinit`` (4b),
+   each with and without warm-up (CaiT's variant b), at each deep depth.
+5. ε has to shrink with depth: ``layerscale`` (CaiT's rule) > ``layerscale_eps0.1`` at each deep depth where the
+   rule's ε is not 0.1 (depth > 18; below, the two columns are the same model).
+6. Asked by this ablation, not claimed by CaiT: ReZero and SkipInit need warm-up — each with > without, at each
+   deep depth.
+
+Per comparison, over the final runs (seeds) of both cells:
+
+- accuracy: Welch's t-test on the final test accuracy of the runs that did not diverge (at least two a side),
+  reported with the difference of means and its Welch–Satterthwaite 95% confidence interval;
+- divergence, only when a run diverged in either cell (otherwise the test's p is 1): Fisher's exact test on
+  diverged / converged counts.
+
+Within a claim, Holm's step-down correction over all its tests holds the family-wise error at ``ALPHA`` = 0.05. A
+comparison is *as claimed* when one of its tests is significant after correction in the claimed direction (higher
+accuracy, fewer divergences) and none in the other, *against* in the opposite case, *mixed* with both, *not
+resolved* with neither. A claim is **reproduced** (some comparison as claimed, none against), **not reproduced:
+contradicted** (some against, none as claimed), **not reproduced: mixed** (both), **not reproduced: no difference
+resolved** (nothing significant; the intervals bound the difference the data allow), or **not tested** (no
+comparison could be tested: its cells have no runs). Whether a reproduced or failed claim is comparable with CaiT's
+ImageNet setting at all is the write-up's judgement (experiments/README.md), not a rule here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Sequence
+
+import sweep
+
+ALPHA = 0.05
+DEEP_DEPTHS = 2          # how many of the grid's largest depths are "deep"
+
+Cell = tuple  # (scheme, warmup, depth)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    name: str
+    statement: str
+    comparisons: tuple[tuple[Cell, Cell], ...]   # (cell claimed better, cell claimed worse)
+
+
+def cait_claims(depths: Sequence[int]) -> tuple[Claim, ...]:
+    """The claims of the module docstring on a grid of ``depths``."""
+    from layerscale_jax.layers.scaling import cait_init_value
+
+    shallow = min(depths)
+    deep = sorted(d for d in depths if d > shallow)[-DEEP_DEPTHS:]
+    where = ", ".join(str(d) for d in deep)
+
+    def layerscale_vs(scheme, warmups=(True,), at=deep):
+        return tuple((("layerscale", True, d), (scheme, w, d)) for w in warmups for d in at)
+
+    both = "with and without warm-up"
+    return (
+        Claim("1", f"A plain pre-norm ViT gets worse with depth: `none` at depth {shallow} > `none` at depth {where} "
+                   "(CaiT §3, Fig. 3)", tuple((("none", True, shallow), ("none", True, d)) for d in deep)),
+        Claim("2", f"LayerScale keeps deep models training: `layerscale` > `none` at depth {where} (CaiT §3, Fig. 3)",
+              layerscale_vs("none")),
+        Claim("3", f"A per-channel λ beats one scalar per branch: `layerscale` > `scalar` at depth {where} (CaiT §3)",
+              layerscale_vs("scalar")),
+        Claim("4a", f"Removing the normalisation falls behind: `layerscale` > `rezero` ({both}, CaiT's variant b) at "
+                    f"depth {where} (CaiT §3, Table 1)", layerscale_vs("rezero", (True, False))),
+        Claim("4b", f"Removing the normalisation falls behind: `layerscale` > `skipinit` ({both}, CaiT's variant b) "
+                    f"at depth {where} (CaiT §3, Table 1)", layerscale_vs("skipinit", (True, False))),
+        Claim("5", "ε has to shrink with depth: `layerscale` (CaiT's ε rule) > `layerscale_eps0.1` at depth "
+                   + (", ".join(str(d) for d in deep if cait_init_value(d) != 0.1) or "– (none deeper than 18)")
+                   + " (CaiT §3; depth ≤ 18 is the same model)",
+              layerscale_vs("layerscale_eps0.1", at=[d for d in deep if cait_init_value(d) != 0.1])),
+        Claim("6", f"Not CaiT's: ReZero and SkipInit need warm-up: each with > without, at depth {where}",
+              tuple(((s, True, d), (s, False, d)) for s in ("rezero", "skipinit") for d in deep)),
+    )
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order: sorted ascending, the i-th smallest (from 0) times
+    ``m − i``, made non-decreasing, capped at 1."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """Mean of A minus mean of B with its Welch–Satterthwaite confidence interval, and Welch's test."""
+    difference: float
+    ci_low: float
+    ci_high: float
+    t: float
+    dof: float
+    p: float
+
+
+def welch_difference(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Difference:
+    """``mean(a) − mean(b) ± t_{(1+confidence)/2, ν} · √(s_a²/n_a + s_b²/n_b)``, ν the Welch–Satterthwaite degrees
+    of freedom, with ``sweep.welch``'s t and two-sided p. Both samples constant: no test (ValueError)."""
+    from scipy import stats
+
+    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    if se == 0:
+        raise ValueError("welch_difference: both samples are constant, no test")
+    test = sweep.welch(a, b)
+    half = float(stats.t.ppf((1 + confidence) / 2, test.dof)) * se
+    d = statistics.mean(a) - statistics.mean(b)
+    return Difference(d, d - half, d + half, test.t, test.dof, test.p)
+
+
+def fisher_divergence(diverged_a: int, n_a: int, diverged_b: int, n_b: int) -> float:
+    """Two-sided p of Fisher's exact test that A and B diverge equally often."""
+    from scipy import stats
+    return float(stats.fisher_exact([[diverged_a, n_a - diverged_a], [diverged_b, n_b - diverged_b]]).pvalue)
+
+
+@dataclasses.dataclass
+class Comparison:
+    better: Cell                  # as claimed
+    worse: Cell
+    runs: str                     # "converged/runs vs converged/runs"
+    accuracy: Difference | None   # None: fewer than two converged runs a side
+    divergence: tuple[int, int, float] | None   # (diverged A, diverged B, Fisher p); None: no run diverged
+    accuracy_p_holm: float | None = None
+    divergence_p_holm: float | None = None
+    outcome: str = "not tested"
+
+    def tests(self) -> list[float]:
+        return ([self.accuracy.p] if self.accuracy else []) + ([self.divergence[2]] if self.divergence else [])
+
+
+def compare(records: list[dict], better: Cell, worse: Cell, value) -> Comparison | None:
+    """The two cells' runs compared (``value(record)``: accuracy in %); None when a cell has no run."""
+    def cell(c):
+        return [r for r in records if (r["scheme"], r["warmup"], r["depth"]) == tuple(c)]
+    a_runs, b_runs = cell(better), cell(worse)
+    if not a_runs or not b_runs:
+        return None
+    a = [value(r) for r in a_runs if not r["diverged"]]
+    b = [value(r) for r in b_runs if not r["diverged"]]
+    accuracy = None
+    if len(a) >= 2 and len(b) >= 2:
+        try:
+            accuracy = welch_difference(a, b)
+        except ValueError:
+            accuracy = None
+    k_a, k_b = len(a_runs) - len(a), len(b_runs) - len(b)
+    divergence = (k_a, k_b, fisher_divergence(k_a, len(a_runs), k_b, len(b_runs))) if k_a or k_b else None
+    return Comparison(better, worse, f"{len(a)}/{len(a_runs)} vs {len(b)}/{len(b_runs)}", accuracy, divergence)
+
+
+@dataclasses.dataclass
+class ClaimResult:
+    claim: Claim
+    comparisons: list[Comparison]
+    missing: list[tuple[Cell, Cell]]
+    verdict: str
+
+
+def evaluate(records: list[dict], claim: Claim, value, alpha: float = ALPHA) -> ClaimResult:
+    """``claim``'s comparisons on ``records``, Holm-corrected over the claim's tests, and its verdict (docstring)."""
+    comparisons, missing = [], []
+    for better, worse in claim.comparisons:
+        c = compare(records, better, worse, value)
+        (comparisons.append(c) if c else missing.append((better, worse)))
+    adjusted = iter(holm([p for c in comparisons for p in c.tests()]))
+    for c in comparisons:
+        c.accuracy_p_holm = next(adjusted) if c.accuracy else None
+        c.divergence_p_holm = next(adjusted) if c.divergence else None
+        signs = []
+        if c.accuracy and c.accuracy_p_holm < alpha:
+            signs.append(1 if c.accuracy.difference > 0 else -1)
+        if c.divergence and c.divergence_p_holm < alpha:
+            signs.append(1 if c.divergence[0] < c.divergence[1] else -1)
+        c.outcome = ("not tested" if not c.tests() else "not resolved" if not signs else
+                     "mixed" if len(set(signs)) > 1 else "as claimed" if signs[0] > 0 else "against")
+    outcomes = {c.outcome for c in comparisons}
+    tested = [c for c in comparisons if c.tests()]
+    if not tested:
+        verdict = "not tested"
+    elif "mixed" in outcomes or {"as claimed", "against"} <= outcomes:
+        verdict = "not reproduced: mixed"
+    elif "as claimed" in outcomes:
+        verdict = "reproduced"
+    elif "against" in outcomes:
+        verdict = "not reproduced: contradicted"
+    else:
+        verdict = "not reproduced: no difference resolved"
+    return ClaimResult(claim, comparisons, missing, verdict)
+
+
+def _cell_name(cell: Cell) -> str:
+    scheme, warmup, depth = cell
+    return f"`{scheme}`{'' if warmup else ' (no warm-up)'} @ {depth}"
+
+
+def _p(p: float | None) -> str:
+    return "–" if p is None else f"{p:.3g}"
+
+
+METHOD = (f"Per comparison: Welch's t-test on the final test accuracy of the converged runs (difference of means, "
+          f"Welch–Satterthwaite 95% CI, t, df), and when a run diverged in either cell, Fisher's exact test on the "
+          f"divergence counts; Holm's correction over every test of a claim (family-wise α = {ALPHA}). Rules fixed "
+          f"before any final run: experiments/cait_claims.py.")
+
+
+def write_claims(records: list[dict], path: str, title: str, value) -> list[ClaimResult]:
+    """``claims.md``: per claim its verdict, then its comparisons with every statistic that decided it."""
+    results = [evaluate(records, claim, value) for claim in cait_claims(sorted({r["depth"] for r in records}))]
+    parts = [f"{title}\n\n{METHOD}\n\n",
+             sweep.markdown_table(["claim", "verdict"], ([f"{r.claim.name}. {r.claim.statement}", f"**{r.verdict}**"]
+                                                         for r in results))]
+    for r in results:
+        rows = []
+        for c in r.comparisons:
+            acc, div = c.accuracy, c.divergence
+            rows.append([f"{_cell_name(c.better)} vs {_cell_name(c.worse)}", c.runs,
+                         f"{acc.difference:+.2f} [{acc.ci_low:+.2f}, {acc.ci_high:+.2f}]" if acc else "–",
+                         f"{acc.t:.2f}" if acc else "–", f"{acc.dof:.1f}" if acc else "–",
+                         _p(acc.p if acc else None), _p(c.accuracy_p_holm),
+                         f"{div[0]} vs {div[1]}: p {_p(div[2])}, Holm {_p(c.divergence_p_holm)}" if div
+                         else "none diverged", c.outcome])
+        rows += [[f"{_cell_name(a)} vs {_cell_name(b)}", "no runs", "–", "–", "–", "–", "–", "–", "not tested"]
+                 for a, b in r.missing]
+        parts.append(f"\n### Claim {r.claim.name}: {r.verdict}\n\n{r.claim.statement}.\n\n" + sweep.markdown_table(
+            ["comparison (claimed better vs worse)", "converged/runs", "difference of means, points [95% CI]",
+             "Welch t", "df", "p", "p (Holm)", "diverged runs (Fisher)", "outcome"], rows))
+    with open(path, "w") as f:
+        f.write("".join(parts))
+    return results

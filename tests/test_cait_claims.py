@@ -1,0 +1,117 @@
+"""The rules that judge CaiT's claims on the depth ablation's final runs (experiments/cait_claims.py): Holm's
+correction and Fisher's test against hand computations, the Welch interval against scipy's, and each verdict on
+records built to produce it."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
+import cait_claims as cc  # noqa: E402
+
+GRID = (6, 12, 24, 48, 96)
+HIGH = [98.0, 98.3, 97.7, 98.2, 97.9]          # the claimed-better cells
+SAME = [97.9, 98.2, 98.0, 97.8, 98.1]          # indistinguishable from HIGH (Welch p ≈ 0.9)
+LOW = [90.0, 91.0, 89.5, 90.5, 90.2]           # 8 points below
+
+
+def runs(scheme, warmup, depth, accuracies, diverged=0):
+    return ([{"scheme": scheme, "warmup": warmup, "depth": depth, "diverged": False, "accuracy": a}
+             for a in accuracies]
+            + [{"scheme": scheme, "warmup": warmup, "depth": depth, "diverged": True, "accuracy": 10.0}] * diverged)
+
+
+def judge(records, name):
+    claim = {c.name: c for c in cc.cait_claims(GRID)}[name]
+    return cc.evaluate(records, claim, lambda r: r["accuracy"])
+
+
+def test_holm_adjusts_the_ith_smallest_p_by_m_minus_i_and_keeps_the_order():
+    # by hand: sorted 0.01, 0.03, 0.04 → 3·0.01 = 0.03, 2·0.03 = 0.06, max(0.06, 1·0.04) = 0.06
+    assert cc.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert cc.holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
+    assert cc.holm([0.3, 0.2]) == pytest.approx([0.4, 0.4]) and cc.holm([0.9, 0.8]) == [1.0, 1.0]
+    assert cc.holm([]) == []
+
+
+def test_fisher_on_five_diverged_against_none_is_two_over_252():
+    # one table in C(10, 5) = 252 as extreme in each direction
+    assert cc.fisher_divergence(0, 5, 5, 5) == pytest.approx(2 / 252)
+    assert cc.fisher_divergence(1, 5, 1, 5) == pytest.approx(1.0)
+
+
+def test_the_difference_interval_is_scipys_welch_interval():
+    from scipy import stats
+    d = cc.welch_difference(HIGH, LOW)
+    ref = stats.ttest_ind(HIGH, LOW, equal_var=False)
+    low, high = ref.confidence_interval(0.95)
+    assert (d.ci_low, d.ci_high, d.p, d.dof) == pytest.approx((low, high, ref.pvalue, ref.df))
+    assert d.difference == pytest.approx(sum(HIGH) / 5 - sum(LOW) / 5)
+    with pytest.raises(ValueError, match="constant"):
+        cc.welch_difference([98.0, 98.0], [97.0, 97.0])
+
+
+def test_the_claims_on_the_committed_grid_compare_the_two_deepest_depths():
+    claims = {c.name: c for c in cc.cait_claims(GRID)}
+    assert claims["1"].comparisons == ((("none", True, 6), ("none", True, 48)), (("none", True, 6), ("none", True, 96)))
+    assert claims["4b"].comparisons == tuple((("layerscale", True, d), ("skipinit", w, d))
+                                             for w in (True, False) for d in (48, 96))
+    assert [len(c.comparisons) for c in claims.values()] == [2, 2, 2, 4, 4, 2, 4]
+    # ε = 0.1 is the CaiT rule's value up to depth 18: no comparison there
+    assert cc.cait_claims((6, 12))[5].comparisons == ()
+
+
+def test_a_significant_difference_in_the_claimed_direction_reproduces_the_claim():
+    records = [r for d in (48, 96) for r in runs("layerscale", True, d, HIGH) + runs("none", True, d, LOW)]
+    result = judge(records, "2")
+    assert result.verdict == "reproduced"
+    assert [c.outcome for c in result.comparisons] == ["as claimed", "as claimed"]
+    # two tests of equal p: Holm doubles the smaller, the larger keeps the same value
+    assert [c.accuracy_p_holm for c in result.comparisons] == pytest.approx([2 * c.accuracy.p
+                                                                            for c in result.comparisons])
+
+
+def test_the_opposite_difference_contradicts_and_no_difference_resolves_nothing():
+    ls = [r for d in (48, 96) for r in runs("layerscale", True, d, LOW)]
+    scalar = [r for d in (48, 96) for r in runs("scalar", True, d, HIGH)]
+    assert judge(ls + scalar, "3").verdict == "not reproduced: contradicted"
+    same = [r for d in (48, 96) for r in runs("layerscale", True, d, HIGH) + runs("scalar", True, d, SAME)]
+    result = judge(same, "3")
+    assert result.verdict == "not reproduced: no difference resolved"
+    assert all(c.outcome == "not resolved" and c.accuracy.ci_low < 0 < c.accuracy.ci_high
+               for c in result.comparisons)
+
+
+def test_divergence_alone_decides_through_fishers_test_after_holms_correction():
+    # skipinit with warm-up diverges in all 5 seeds at 48 and 96; without warm-up it equals LayerScale. Family of 4
+    # tests: Fisher 2/252 twice, Welch p ≈ 0.9 twice → Holm 4·2/252 = 0.032 < 0.05
+    records = [r for d in (48, 96) for r in runs("layerscale", True, d, HIGH) + runs("skipinit", True, d, [], 5)
+               + runs("skipinit", False, d, SAME)]
+    result = judge(records, "4b")
+    assert result.verdict == "reproduced"
+    outcomes = {(c.worse[1], c.worse[2]): c for c in result.comparisons}
+    assert outcomes[(True, 96)].accuracy is None and outcomes[(True, 96)].outcome == "as claimed"
+    assert outcomes[(True, 96)].divergence_p_holm == pytest.approx(4 * 2 / 252)
+    assert outcomes[(False, 48)].outcome == "not resolved"
+
+
+def test_higher_accuracy_with_more_divergence_is_mixed():
+    # rezero with warm-up: better accuracy but 5 of 10 diverged; without: 10 of 10 converged 8 points lower.
+    # Fisher 5/10 vs 0/10: p = 0.0325, the larger of the family's two p values, so Holm leaves it as it is
+    records = runs("rezero", True, 96, HIGH, 5) + runs("rezero", False, 96, LOW + LOW[::-1])
+    result = judge(records, "6")
+    assert [c.outcome for c in result.comparisons] == ["mixed"]          # the other three cells have no runs
+    assert result.verdict == "not reproduced: mixed" and len(result.missing) == 3
+
+
+def test_a_claim_without_runs_is_not_tested_and_the_report_shows_every_statistic(tmp_path):
+    records = [r for d in (48, 96) for r in runs("layerscale", True, d, HIGH) + runs("none", True, d, LOW)]
+    assert judge(records, "1").verdict == "not tested"          # no `none` at depth 6
+    records += runs("none", True, 6, HIGH) + runs("layerscale", True, 6, HIGH)
+    results = cc.write_claims(records, str(tmp_path / "claims.md"), "title", lambda r: r["accuracy"])
+    text = (tmp_path / "claims.md").read_text()
+    assert [r.verdict for r in results][:2] == ["reproduced", "reproduced"]
+    # HIGH − LOW = 98.02 − 90.24 = 7.78 points
+    assert "### Claim 1: reproduced" in text and "| `none` @ 6 vs `none` @ 96 | 5/5 vs 5/5 | +7.78 [" in text
+    assert "| `layerscale` @ 48 vs `none` @ 48 | 5/5 vs 5/5 | +7.78 [+7.10, +8.46] | 28.60 | 5.4 |" in text
+    assert "### Claim 5: not tested" in text and "| no runs |" in text
