@@ -572,6 +572,31 @@ def write_budget_report(out: str, tolerance: float | None = None) -> dict[str, s
             "budget_figure": os.path.join(out, "budget.png")}
 
 
+def rates_status(records: list[dict], columns=COLUMNS, depths=RATE_DEPTHS, start=RATE_LADDER_START,
+                 max_extensions=MAX_EXTENSIONS) -> str:
+    """Where the rate sweep stands, per column × depth: every finished rate with its validation accuracy (or
+    "div."), and what the cell still needs (``swept_rates``) or how it ended: bracketed, at the edge after the
+    last allowed extension, or every run diverged. Nothing is trained."""
+    rows, open_cells = [], 0
+    for depth in depths:
+        for scheme, warmup in columns:
+            mine = _cell_records(records, scheme, warmup, depth)
+            wanted = vp.swept_rates(mine, start, max_extensions)
+            runs = sorted(mine, key=lambda r: r["learning_rate"])
+            missing = [lr for lr in wanted if not any(math.isclose(lr, r["learning_rate"]) for r in mine)]
+            best = vp.best_rate(mine) if mine and not missing else None
+            state = (f"needs {', '.join(f'{lr:g}' for lr in missing)}" if missing else
+                     "every rate diverged" if best is None else
+                     f"bracketed: {best:g}" if wanted[0] < best < wanted[-1] else
+                     f"**edge: {best:g}** (after {len(wanted) - len(start)} extensions)")
+            open_cells += bool(missing)
+            rows.append([_label(scheme, warmup), depth, ", ".join(
+                f"{r['learning_rate']:g}: {'div.' if r['diverged'] else f'{100 * vp.accuracy(r):.1f}'}"
+                for r in runs) or "–", state])
+    return (f"Rate sweep: {len(records)} runs finished, {open_cells} of {len(rows)} cells still need runs.\n\n"
+            + sweep.markdown_table(["column", "depth", "finished rates: validation accuracy (%)", "state"], rows))
+
+
 def write_rates_report(out: str, columns=COLUMNS, depths=RATE_DEPTHS, **sweep_kwargs) -> dict[str, str]:
     """``rates.json`` (``best_learning_rates``), ``rates.md`` (per column × depth: swept range, best rate, bracketed,
     its validation accuracy; the one rate per column) and ``results.csv`` from the rate sweep in ``out``."""
@@ -607,7 +632,8 @@ FINAL_PROTOCOLS = {"per_depth": "each column at its best validation rate per dep
 def write_final_report(out: str, rates: dict, command: str | None = None) -> dict[str, str]:
     """For each final protocol (``FINAL_PROTOCOLS``), in ``out/<protocol>/``: ``table.md`` (mean and 95% CI over
     converged runs, divergence counted apart), ``comparisons.md`` (LayerScale vs each column per depth, Welch),
-    ``claims.md`` (CaiT's claims judged by the rules of ``cait_claims``), ``results.csv`` and the figures."""
+    ``claims.md`` and ``claims.png`` (CaiT's claims judged by the rules of ``cait_claims``), ``results.csv`` and
+    the figures."""
     paths = {}
     every = load_records(out)
     for which, words in FINAL_PROTOCOLS.items():
@@ -624,8 +650,10 @@ def write_final_report(out: str, rates: dict, command: str | None = None) -> dic
         vp.write_comparisons(records, paths[f"{which}/comparisons"], "LayerScale against each column, " + head,
                              layout(records), REFERENCE)
         paths[f"{which}/claims"] = os.path.join(report_dir, "claims.md")
-        cait_claims.write_claims(records, paths[f"{which}/claims"], "CaiT's claims, " + head,
-                                 layout(records).value)
+        claims = cait_claims.write_claims(records, paths[f"{which}/claims"], "CaiT's claims, " + head,
+                                          layout(records).value)
+        paths[f"{which}/claims_figure"] = os.path.join(report_dir, "claims.png")
+        plots.plot_claims(claims, paths[f"{which}/claims_figure"], title=f"CaiT's claims: {title}")
         paths[f"{which}/csv"] = os.path.join(report_dir, "results.csv")
         write_csv(records, paths[f"{which}/csv"])
         paths.update({f"{which}/{k}": v for k, v in write_figures(records, report_dir, title).items()})
@@ -837,6 +865,24 @@ def run_protocol(protocol: str, out: str, *, steps: int | None = None, columns=C
     return write_final_report(stage, rates, command)
 
 
+def stage_status(protocol: str, out: str, columns=COLUMNS, depths=None, seeds=None, steps=None) -> str:
+    """``--status``: the rate sweep's ``rates_status``; for the budget and final stages the runs finished out of
+    those the stage plans, and the first few still to train."""
+    stage = os.path.join(out, protocol)
+    records = load_records(stage) if os.path.isdir(os.path.join(stage, "runs")) else []
+    if protocol == "rates":
+        return rates_status(records, columns, depths or RATE_DEPTHS)
+    if protocol == "budget":
+        specs = budget_specs([c for c in BUDGET_COLUMNS if c in columns], depths or BUDGET_DEPTHS,
+                             seeds or BUDGET_SEEDS)
+    else:
+        specs = final_specs(_load_rates(out), _steps_from_budget(out, steps), depths or DEPTHS, seeds or FINAL_SEEDS,
+                            columns)
+    missing = [s.run_id for s in specs if not os.path.exists(record_path(stage, s))]
+    return (f"{protocol}: {len(specs) - len(missing)} of {len(specs)} runs finished"
+            + (f"; next: {', '.join(missing[:3])}" + (" …" if len(missing) > 3 else "") if missing else ""))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--protocol", choices=("budget", "rates", "final", "early"),
@@ -856,6 +902,9 @@ def main(argv=None) -> None:
     parser.add_argument("--budget_eval_every", type=int, default=BUDGET_EVAL_EVERY)
     parser.add_argument("--budget_rate", type=float, default=BUDGET_RATE)
     parser.add_argument("--report", action="store_true", help="only rewrite the outputs from finished runs")
+    parser.add_argument("--status", action="store_true",
+                        help="print where the stage stands (runs finished and still to train; rates: each cell's "
+                             "finished rates and what it needs) and stop; nothing is trained or written")
     parser.add_argument("--shard", default=None, metavar="I/N",
                         help="train only shard I of N of the stage (one machine of N); copy the shards' runs/ "
                              "folders together and rerun without --shard")
@@ -912,6 +961,14 @@ def main(argv=None) -> None:
     if args.protocol == "early":
         return _early(args, which_shard, command)
     columns = tuple(c for c in COLUMNS if args.schemes is None or c[0] in args.schemes)
+    if args.status:
+        try:
+            print(stage_status(args.protocol, args.out or CONVERGED_OUT, columns,
+                               tuple(args.depths) if args.depths else None,
+                               tuple(args.seeds) if args.seeds is not None else None, args.steps))
+        except (ValueError, FileNotFoundError) as err:
+            raise SystemExit(f"error: {err}") from None
+        return
     try:
         paths = run_protocol(args.protocol, args.out or CONVERGED_OUT, steps=args.steps, columns=columns,
                              depths=tuple(args.depths) if args.depths else None,

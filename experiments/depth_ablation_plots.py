@@ -207,3 +207,34 @@ def plot_budget(finals: dict, curves: dict, chosen: int | None, path: str, *, ti
     left.legend(fontsize=6)
     fig.suptitle(wrap(title, 140), fontsize=7)
     _finish(fig, right, path, legend=False)
+
+
+def plot_claims(results, path: str, *, title: str) -> None:
+    """Every comparison of ``cait_claims`` (``results``: its ``ClaimResult``s) as a row: the difference of mean
+    accuracy (claimed better − claimed worse, points) with its Welch 95% interval, coloured as the claimed-worse
+    column; a filled marker is significant after Holm's correction, an open one is not; a row without an accuracy
+    test (fewer than two converged runs a side) gives its converged counts instead. Right of zero is the claimed
+    direction; the right margin gives each comparison's outcome (accuracy and divergence tests together)."""
+    plt = sweep.pyplot()
+    rows = [(r.claim.name, c) for r in results for c in r.comparisons]
+    fig, ax = plt.subplots(figsize=(8, 1.0 + 0.28 * max(len(rows), 1)))
+    for y, (name, c) in enumerate(rows):
+        scheme, warmup, _ = c.worse
+        acc = c.accuracy
+        ax.text(1.01, y, c.outcome, transform=ax.get_yaxis_transform(), va="center", fontsize=6)
+        if acc is None:
+            ax.text(0, y, f"  no accuracy test ({c.runs} converged)", va="center", fontsize=6)
+            continue
+        significant = c.accuracy_p_holm < 0.05
+        ax.errorbar([acc.difference], [y], xerr=[[acc.difference - acc.ci_low], [acc.ci_high - acc.difference]],
+                    fmt="o", color=colour(scheme), markersize=4, capsize=2,
+                    markerfacecolor=colour(scheme) if significant else "white")
+    ax.axvline(0, color="black", linewidth=0.6)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{name}: {label(c.better[0], c.better[1])} @ {c.better[2]} vs "
+                        f"{label(c.worse[0], c.worse[1])} @ {c.worse[2]}" for name, c in rows], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("difference of mean test accuracy, points (claimed better − worse), Welch 95% CI\n"
+                  "filled marker: Holm-corrected p < 0.05 (claims.md has every test)", fontsize=7)
+    ax.set_title(wrap(title, 90), fontsize=7)
+    _finish(fig, ax, path, legend=False)

@@ -115,3 +115,12 @@ def test_a_claim_without_runs_is_not_tested_and_the_report_shows_every_statistic
     assert "### Claim 1: reproduced" in text and "| `none` @ 6 vs `none` @ 96 | 5/5 vs 5/5 | +7.78 [" in text
     assert "| `layerscale` @ 48 vs `none` @ 48 | 5/5 vs 5/5 | +7.78 [+7.10, +8.46] | 28.60 | 5.4 |" in text
     assert "### Claim 5: not tested" in text and "| no runs |" in text
+
+
+def test_the_claims_figure_draws_every_comparison_with_and_without_an_accuracy_test(tmp_path):
+    import depth_ablation_plots as plots
+    records = [r for d in (48, 96) for r in runs("layerscale", True, d, HIGH) + runs("skipinit", True, d, [], 5)
+               + runs("skipinit", False, d, SAME)]
+    path = tmp_path / "claims.png"
+    plots.plot_claims([judge(records, "4b")], str(path), title="synthetic")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

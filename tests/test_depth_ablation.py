@@ -284,6 +284,34 @@ def test_rates_are_chosen_per_depth_and_once_for_all_depths_on_validation():
         da.best_learning_rates(records[:2], columns=(("layerscale", True),), depths=(12,), start=(1e-3, 2e-3, 5e-3))
 
 
+def test_the_rate_status_shows_each_cells_finished_rates_and_what_it_still_needs():
+    start = (1e-3, 2e-3, 5e-3)
+    records = [fake_record(depth=12, lr=lr, acc=a) for lr, a in {1e-3: .5, 2e-3: .9, 5e-3: .6}.items()]
+    records += [fake_record(depth=24, lr=lr, acc=a) for lr, a in {1e-3: .8, 2e-3: .7}.items()]
+    records += [fake_record(depth=24, lr=5e-3, acc=.1, diverged=True), fake_record(depth=48, lr=2e-3, acc=.9)]
+    records += [fake_record(depth=96, lr=lr, acc=a) for lr, a in {1e-3: .9, 2e-3: .8, 5e-3: .7, 5e-4: .95,
+                                                                   2e-4: .97}.items()]
+    text = da.rates_status(records, columns=(("layerscale", True),), depths=(12, 24, 48, 96), start=start,
+                           max_extensions=2)
+    assert "Rate sweep: 12 runs finished, 2 of 4 cells still need runs." in text
+    assert "| layerscale | 12 | 0.001: 50.0, 0.002: 90.0, 0.005: 60.0 | bracketed: 0.002 |" in text
+    assert "| layerscale | 24 | 0.001: 80.0, 0.002: 70.0, 0.005: div. | needs 0.0005 |" in text   # best at the edge
+    assert "| layerscale | 48 | 0.002: 90.0 | needs 0.001, 0.005 |" in text
+    assert "| layerscale | 96 | 0.0002: 97.0, 0.0005: 95.0, 0.001: 90.0, 0.002: 80.0, 0.005: 70.0 | " \
+           "**edge: 0.0002** (after 2 extensions) |" in text
+
+
+def test_status_prints_where_a_stage_stands_and_trains_nothing(tmp_path, capsys):
+    da.main(["--protocol", "rates", "--status", "--out", str(tmp_path)])
+    assert "Rate sweep: 0 runs finished, 40 of 40 cells still need runs." in capsys.readouterr().out
+    da.main(["--protocol", "budget", "--status", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert out.startswith("budget: 0 of 16 runs finished; next: budget_depth24_layerscale_warmupon_lr0.01_seed0")
+    with pytest.raises(SystemExit, match="^error: no .*rates.json: run --protocol rates first"):
+        da.main(["--protocol", "final", "--status", "--out", str(tmp_path)])
+    assert not os.listdir(tmp_path)
+
+
 def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):
     """budget → rates → final on 2 columns × 2 depths (× 2 seeds for the final runs): selection runs train on
     train_without_validation and record val_* only; final runs train on train and record test_*; every output is
@@ -308,8 +336,8 @@ def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):
         other = "test" if prefix == "val" else "val"
         assert all(f"final_{prefix}_accuracy" in r and f"final_{other}_accuracy" not in r for r in records)
     assert len(da.load_records(os.path.join(out, "final"))) == 2 * 2 * 2        # both protocols share the runs
-    assert {"per_depth/table", "per_depth/comparisons", "per_depth/claims", "one_rate/table",
-            "one_rate/acc_vs_depth"} <= set(final)
+    assert {"per_depth/table", "per_depth/comparisons", "per_depth/claims", "per_depth/claims_figure",
+            "one_rate/table", "one_rate/acc_vs_depth"} <= set(final)
     table = open(final["per_depth/table"]).read()
     assert "final: digits train → test, 2 steps" in table and "| 2 |" in table
     claims = open(final["per_depth/claims"]).read()        # depth 1 is shallow, 2 deep; two of the columns ran
