@@ -629,11 +629,13 @@ FINAL_PROTOCOLS = {"per_depth": "each column at its best validation rate per dep
                    "one_rate": "each column at its one best validation rate for all depths"}
 
 
-def write_final_report(out: str, rates: dict, command: str | None = None) -> dict[str, str]:
+def write_final_report(out: str, rates: dict, command: str | None = None, planned: int | None = None
+                       ) -> dict[str, str]:
     """For each final protocol (``FINAL_PROTOCOLS``), in ``out/<protocol>/``: ``table.md`` (mean and 95% CI over
     converged runs, divergence counted apart), ``comparisons.md`` (LayerScale vs each column per depth, Welch),
     ``claims.md`` and ``claims.png`` (CaiT's claims judged by the rules of ``cait_claims``), ``results.csv`` and
-    the figures."""
+    the figures. With fewer finished runs than the ``planned`` runs of a rate choice, every output of that choice
+    says so in its title ("incomplete: k of n runs"), so an interim report cannot pass for the study's."""
     paths = {}
     every = load_records(out)
     for which, words in FINAL_PROTOCOLS.items():
@@ -643,6 +645,8 @@ def write_final_report(out: str, rates: dict, command: str | None = None) -> dic
         report_dir = os.path.join(out, which)
         os.makedirs(report_dir, exist_ok=True)
         title = describe(records, "final", words)
+        if planned is not None and len(records) < planned:
+            title = f"INCOMPLETE: {len(records)} of {planned} runs finished — {title}"
         head = title + (f"\n\nCommand: `{command}`" if command else "")
         paths[f"{which}/table"] = os.path.join(report_dir, "table.md")
         vp.write_ci_table(records, paths[f"{which}/table"], "Final test accuracy (%), " + head, layout(records))
@@ -862,7 +866,8 @@ def run_protocol(protocol: str, out: str, *, steps: int | None = None, columns=C
     if protocol == "rates":
         return write_rates_report(stage, columns, depths or RATE_DEPTHS, start=rate_start,
                                   max_extensions=max_extensions)
-    return write_final_report(stage, rates, command)
+    planned = len(columns) * len(depths or DEPTHS) * len(seeds or FINAL_SEEDS)     # per rate choice
+    return write_final_report(stage, rates, command, planned)
 
 
 def stage_status(protocol: str, out: str, columns=COLUMNS, depths=None, seeds=None, steps=None) -> str:
