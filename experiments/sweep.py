@@ -23,6 +23,7 @@ import json
 import math
 import os
 import statistics
+import time
 from typing import Callable, Iterable, Sequence
 
 from layerscale_jax.bench.timing import machine_info
@@ -104,8 +105,10 @@ def run(specs: Sequence, train: Callable[[object], dict], out: str, *, cost: Cal
     while this one works), printing progress and an ETA.
 
     ``train(spec)`` returns the run's record, which must hold ``seconds`` (its wall time) and ``diverged``; ``run``
-    adds ``machine``: what it ran on (CPU model, threads, accelerator, versions) and the load average at its start
-    and end (``layerscale_jax.bench.timing.machine_info``), so a time in a record names its machine. The ETA
+    adds ``cpu_seconds``, the process's CPU time over the run (all its threads; unlike ``seconds`` it leaves out
+    time the process was stopped or waiting for a core), and ``machine``: what it ran on (CPU model, threads,
+    accelerator, versions) and the load average at its start and end (``layerscale_jax.bench.timing
+    .machine_info``), so a time in a record names its machine. The ETA
     assumes a run's time is proportional to ``cost(spec)`` (e.g. the depth) and extrapolates from the runs trained
     in this session. ``outcome(record)`` is the log's word on a finished run (default: ``DIVERGED`` or ``done``)."""
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
@@ -120,7 +123,9 @@ def run(specs: Sequence, train: Callable[[object], dict], out: str, *, cost: Cal
             log(f"[{done_before + i + 1}/{len(specs)} runs done] {spec.run_id}: recorded by another process")
             continue
         load_at_start = [round(x, 2) for x in os.getloadavg()]
+        cpu_start = time.process_time()
         record = train(spec)
+        record["cpu_seconds"] = time.process_time() - cpu_start
         record["machine"] = {**machine_info(), "load_average_start": load_at_start}
         write_json_atomically(record_path(out, spec.run_id), record)
         seconds_done += record["seconds"]

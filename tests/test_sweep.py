@@ -65,6 +65,19 @@ def test_every_record_names_the_machine_and_the_load_it_ran_under(tmp_path):
     assert len(record["machine"]["load_average_start"]) == 3 and len(record["machine"]["load_average"]) == 3
 
 
+def test_a_record_holds_the_runs_cpu_time_which_leaves_out_time_spent_waiting(tmp_path):
+    import time
+
+    def train(spec):
+        start = time.process_time()
+        while time.process_time() - start < 0.05:        # 50 ms of CPU, then 300 ms asleep (as if stopped)
+            pass
+        time.sleep(0.3)
+        return {"run_id": spec.run_id, "seconds": 0.35, "diverged": False}
+    (record,) = sweep.run(SPECS[:1], train, str(tmp_path), log=lambda line: None)
+    assert 0.05 <= record["cpu_seconds"] < 0.25
+
+
 def test_a_diverged_run_is_a_record_and_a_log_line_not_an_exception(tmp_path):
     lines = []
     records = sweep.run(SPECS, fake_train([]), str(tmp_path), outcome=lambda r: f"value {r['value']}",
