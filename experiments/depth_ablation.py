@@ -20,8 +20,8 @@ command without ``--shard`` on the merged ``runs/`` folders trains what is missi
 whose loss or gradient norm turns non-finite stops there, recorded with ``diverged=True``. Outputs: ``budget.json``
 / ``.md`` / ``budget.png``; ``rates.json`` / ``.md``; per final protocol (``per_depth``, ``one_rate``)
 ``table.md`` (mean and t-based 95% CI over converged runs, divergence counted apart), ``comparisons.md`` (Welch),
-``claims.md`` (CaiT's claims, verdicts by ``cait_claims``' rules), ``results.csv`` and the figures of
-``depth_ablation_plots``.
+``claims.md`` / ``claims.png`` (CaiT's claims, verdicts by ``cait_claims``' rules), ``results.csv`` and the figures
+of ``depth_ablation_plots``.
 
 ``--protocol early`` keeps the committed early-training grid reproducible (200 steps, ``SIZING``; depth ∈ {6, 12,
 24, 48, 96} × ``DEFAULT_SCHEMES`` × seeds {0, 1, 2} plus warm-up off for `none` and `layerscale` at 48 and 96;
@@ -635,7 +635,7 @@ def write_final_report(out: str, rates: dict, command: str | None = None, planne
     converged runs, divergence counted apart), ``comparisons.md`` (LayerScale vs each column per depth, Welch),
     ``claims.md`` and ``claims.png`` (CaiT's claims judged by the rules of ``cait_claims``), ``results.csv`` and
     the figures. With fewer finished runs than the ``planned`` runs of a rate choice, every output of that choice
-    says so in its title ("incomplete: k of n runs"), so an interim report cannot pass for the study's."""
+    says so in its title ("INCOMPLETE: k of n runs finished"), so an interim report cannot pass for the study's."""
     paths = {}
     every = load_records(out)
     for which, words in FINAL_PROTOCOLS.items():
@@ -964,6 +964,9 @@ def main(argv=None) -> None:
               f"and throughputs, linear in depth)", file=sys.stderr)
         return
     if args.protocol == "early":
+        if args.status:
+            raise SystemExit("error: --status is for --protocol budget, rates or final (the early grid's records: "
+                             "experiments/results/depth_ablation/runs/)")
         return _early(args, which_shard, command)
     columns = tuple(c for c in COLUMNS if args.schemes is None or c[0] in args.schemes)
     if args.status:

@@ -309,6 +309,8 @@ def test_status_prints_where_a_stage_stands_and_trains_nothing(tmp_path, capsys)
     assert out.startswith("budget: 0 of 16 runs finished; next: budget_depth24_layerscale_warmupon_lr0.01_seed0")
     with pytest.raises(SystemExit, match="^error: no .*rates.json: run --protocol rates first"):
         da.main(["--protocol", "final", "--status", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="^error: --status is for --protocol budget, rates or final"):
+        da.main(["--protocol", "early", "--status", "--out", str(tmp_path)])
     assert not os.listdir(tmp_path)
 
 
