@@ -179,7 +179,10 @@ def evaluate(records: list[dict], claim: Claim, value, alpha: float = ALPHA) -> 
     comparisons, missing = [], []
     for better, worse in claim.comparisons:
         c = compare(records, better, worse, value)
-        (comparisons.append(c) if c else missing.append((better, worse)))
+        if c is None:
+            missing.append((better, worse))
+        else:
+            comparisons.append(c)
     adjusted = iter(holm([p for c in comparisons for p in c.tests()]))
     for c in comparisons:
         c.accuracy_p_holm = next(adjusted) if c.accuracy else None
@@ -192,8 +195,7 @@ def evaluate(records: list[dict], claim: Claim, value, alpha: float = ALPHA) -> 
         c.outcome = ("not tested" if not c.tests() else "not resolved" if not signs else
                      "mixed" if len(set(signs)) > 1 else "as claimed" if signs[0] > 0 else "against")
     outcomes = {c.outcome for c in comparisons}
-    tested = [c for c in comparisons if c.tests()]
-    if not tested:
+    if not any(c.tests() for c in comparisons):
         verdict = "not tested"
     elif "mixed" in outcomes or {"as claimed", "against"} <= outcomes:
         verdict = "not reproduced: mixed"
