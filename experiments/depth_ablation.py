@@ -804,6 +804,37 @@ def imagenet_node_hours(depths=IMAGENET_DEPTHS, columns=COLUMNS, seeds=(0,), epo
     return per_block * sum(depths) * len(columns) * len(seeds)
 
 
+IMAGENET_TRAIN_IMAGES = 1_281_167
+
+
+def read_step_measurement(path: str) -> dict:
+    """A measured DeiT III-S/16 train step: the JSON object ``python -m layerscale_jax.bench train_step --model
+    deit3_small_patch16_224 --json`` prints (``benchmarks/gpu_check.sh`` keeps it as ``s16_bf16.json``); the last
+    line of ``path`` that starts with ``{``. Any other model or image size is a ValueError naming it."""
+    with open(path) as f:
+        lines = [line for line in f if line.startswith("{")]
+    if not lines:
+        raise ValueError(f"--imagenet_step_json={path}: no JSON object (the output of python -m layerscale_jax.bench "
+                         "train_step --json)")
+    step = json.loads(lines[-1])
+    img_size = step.get("overrides", {}).get("img_size", 224)
+    if step.get("model") != "deit3_small_patch16_224" or img_size != 224:
+        raise ValueError(f"--imagenet_step_json={path}: model={step.get('model')!r}, img_size={img_size}; the "
+                         "estimate needs deit3_small_patch16_224 at 224 px")
+    return step
+
+
+def imagenet_device_hours(step: dict, depths=IMAGENET_DEPTHS, columns=COLUMNS, seeds=(0,),
+                          epochs: int = IMAGENET_EPOCHS) -> float:
+    """Device-hours of ``imagenet_commands``' runs from a measured step (``read_step_measurement``) on one device:
+    each run is ``epochs`` × 1,281,167 images at the measured images per second, linear in depth from the
+    measured depth (12 unless overridden); data parallelism is assumed to keep each device's throughput (no input
+    pipeline or collectives in the measurement, and AdamW where the recipe uses LAMB)."""
+    measured_depth = step.get("overrides", {}).get("depth", 12)
+    per_block = epochs * IMAGENET_TRAIN_IMAGES / step["img_per_s"] / 3600 / measured_depth
+    return per_block * sum(depths) * len(columns) * len(seeds)
+
+
 def _steps_from_budget(out: str, steps: int | None) -> int:
     """``--steps``, else the step count ``--protocol budget`` chose (``OUT/budget/budget.json``)."""
     if steps is not None:
@@ -929,6 +960,10 @@ def main(argv=None) -> None:
                         help=f"print the ImageNet-scale ablation's commands (DeiT III-S at depths {IMAGENET_DEPTHS}, "
                              "every column, --seeds, one multi-host job each; --shard I/N: this share) and its "
                              "cost, then stop")
+    parser.add_argument("--imagenet_step_json", default=None, metavar="PATH",
+                        help="with --imagenet_commands: also the cost from a measured DeiT III-S/16 step (the JSON "
+                             "of python -m layerscale_jax.bench train_step --json, e.g. benchmarks/gpu_check.sh's "
+                             "s16_bf16.json)")
     parser.add_argument("--measure", type=int, nargs="*", default=None, metavar="DEPTH",
                         help="time one run per depth (default 6 24 96) of --steps steps (default 40) and print "
                              "the protocol's estimate for --steps final steps")
@@ -962,6 +997,15 @@ def main(argv=None) -> None:
         print(f"# {len(commands)} runs of {IMAGENET_EPOCHS} epochs: about "
               f"{imagenet_node_hours(depths, columns, seeds):,.0f} node-hours of 8 V100 (DeiT paper's training time "
               f"and throughputs, linear in depth)", file=sys.stderr)
+        if args.imagenet_step_json:
+            try:
+                step = read_step_measurement(args.imagenet_step_json)
+            except (ValueError, OSError) as err:
+                raise SystemExit(f"error: {err}") from None
+            print(f"# measured here ({args.imagenet_step_json}: {step.get('dtype')}, batch {step.get('batch')}, "
+                  f"{step['img_per_s']:,.0f} images/s on one device): about "
+                  f"{imagenet_device_hours(step, depths, columns, seeds):,.0f} device-hours (linear in depth; "
+                  "model step only, per-device throughput assumed kept across devices)", file=sys.stderr)
         return
     if args.protocol == "early":
         if args.status:

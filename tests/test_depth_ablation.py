@@ -356,6 +356,22 @@ def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # The same study at ImageNet scale
 # ---------------------------------------------------------------------------------------------------------------
+def test_the_imagenet_cost_from_a_measured_step_is_images_over_throughput_linear_in_depth(tmp_path, capsys):
+    step = {"model": "deit3_small_patch16_224", "batch": 256, "dtype": "bfloat16", "overrides": {},
+            "img_per_s": 3000.0}
+    # by hand: 300 epochs × 1,281,167 images / 3,000 images/s = 128,116.7 s = 35.588 h for 12 blocks, 2.9657 h a
+    # block; the grid: (12 + 18 + 24 + 36) = 90 blocks × 8 columns × 1 seed → 2,135.3 device-hours
+    assert da.imagenet_device_hours(step) == pytest.approx(2135.28, abs=0.01)
+    assert da.imagenet_device_hours(dict(step, overrides={"depth": 24}), seeds=(0, 1)) == pytest.approx(2135.28)
+    path = tmp_path / "s16_bf16.json"
+    path.write_text("compiling...\n" + json.dumps(step) + "\n")
+    da.main(["--imagenet_commands", "gs://b/r", "--imagenet_step_json", str(path)])
+    assert "images/s on one device): about 2,135 device-hours" in capsys.readouterr().err
+    path.write_text(json.dumps(dict(step, model="deit3_base_patch16_224")))
+    with pytest.raises(SystemExit, match="^error: --imagenet_step_json=.*model='deit3_base_patch16_224', img_size=224"):
+        da.main(["--imagenet_commands", "gs://b/r", "--imagenet_step_json", str(path)])
+
+
 def test_every_imagenet_command_parses_to_its_cell():
     from layerscale_jax.train.__main__ import parse_command_line
     commands = da.imagenet_commands("gs://bucket/ablation", seeds=(0, 1))
