@@ -29,6 +29,7 @@ setup(
     name="layerscale-jax",
     version="0.1.0",
     description="LayerScale (CaiT) and deep Vision Transformers in JAX / Flax NNX",
+    license="Apache-2.0",
     packages=find_packages(include=["layerscale_jax", "layerscale_jax.*"]),
     python_requires=">=3.12",
     install_requires=INSTALL_REQUIRES,
