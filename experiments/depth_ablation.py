@@ -407,15 +407,21 @@ def best_learning_rates(records: list[dict], columns=COLUMNS, depths=RATE_DEPTHS
 
 def final_specs(rates: dict, steps: int, depths=DEPTHS, seeds=FINAL_SEEDS, columns=COLUMNS) -> list[RunSpec]:
     """Both final protocols' runs (each column at its best rate per depth, and at its one rate for all depths),
-    every seed; a run both protocols need is trained once. Seed by seed, cheapest first."""
-    specs = {}
+    every seed; a run both protocols need is trained once. The per-depth choice's runs come first, then those only
+    the one-rate choice needs (so a stopped stage has one choice complete as early as possible), each part seed by
+    seed, cheapest first."""
+    specs, per_depth = {}, set()
     for scheme, warmup in columns:
         for depth in depths:
-            for lr in (rates["per_depth"][(scheme, warmup, depth)], rates["one_rate"][(scheme, warmup)]):
+            own = rates["per_depth"][(scheme, warmup, depth)]
+            for lr in (own, rates["one_rate"][(scheme, warmup)]):
                 for seed in seeds:
                     spec = RunSpec(depth, scheme, warmup, seed, lr, "final", steps)
                     specs[spec.run_id] = spec
-    return sorted(specs.values(), key=lambda r: (r.seed, r.depth, r.scheme, not r.warmup, r.learning_rate))
+                    if lr == own:
+                        per_depth.add(spec.run_id)
+    return sorted(specs.values(), key=lambda r: (r.run_id not in per_depth, r.seed, r.depth, r.scheme, not r.warmup,
+                                                 r.learning_rate))
 
 
 def final_records(records: list[dict], rates: dict, which: str) -> list[dict]:

@@ -314,6 +314,20 @@ def test_status_prints_where_a_stage_stands_and_trains_nothing(tmp_path, capsys)
     assert not os.listdir(tmp_path)
 
 
+def test_the_final_runs_of_the_per_depth_choice_come_first_and_a_shared_run_is_trained_once():
+    columns = (("layerscale", True), ("none", True))
+    rates = {"per_depth": {("layerscale", True, 6): 5e-2, ("layerscale", True, 96): 1e-2,
+                           ("none", True, 6): 5e-3, ("none", True, 96): 5e-3},
+             "one_rate": {("layerscale", True): 1e-2, ("none", True): 5e-3}}
+    specs = da.final_specs(rates, 100, depths=(6, 96), seeds=(0, 1), columns=columns)
+    # 4 per-depth cells × 2 seeds, then layerscale at depth 6 at its one rate (its other cells are shared)
+    assert len(specs) == 10 and len({s.run_id for s in specs}) == 10
+    assert [(s.seed, s.depth, s.scheme, s.learning_rate) for s in specs] == [
+        (0, 6, "layerscale", 5e-2), (0, 6, "none", 5e-3), (0, 96, "layerscale", 1e-2), (0, 96, "none", 5e-3),
+        (1, 6, "layerscale", 5e-2), (1, 6, "none", 5e-3), (1, 96, "layerscale", 1e-2), (1, 96, "none", 5e-3),
+        (0, 6, "layerscale", 1e-2), (1, 6, "layerscale", 1e-2)]
+
+
 def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):
     """budget → rates → final on 2 columns × 2 depths (× 2 seeds for the final runs): selection runs train on
     train_without_validation and record val_* only; final runs train on train and record test_*; every output is
