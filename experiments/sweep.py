@@ -18,6 +18,7 @@ is ``validation_protocol.py``'s.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -240,6 +241,19 @@ def write_csv(records: Iterable[dict], path: str, fields: Sequence[str]) -> None
         writer.writeheader()
         for r in records:
             writer.writerow({k: r[k] for k in fields})
+
+
+def machines_note(records: Sequence[dict]) -> str:
+    """Where ``records`` ran: each CPU model with its number of runs (most first), and the range of the 1-minute load
+    average at the runs' starts (``run`` records both); "" when no record names its machine."""
+    machines = [r["machine"] for r in records if r.get("machine")]
+    if not machines:
+        return ""
+    counts = collections.Counter(m.get("cpu", "unknown CPU") for m in machines)
+    loads = [m["load_average_start"][0] for m in machines if m.get("load_average_start")]
+    cpus = ", ".join(f"{cpu} ({n} run{'s' if n > 1 else ''})" for cpu, n in counts.most_common())
+    return f"Trained on {cpus}" + (f"; 1-minute load at the runs' starts {min(loads):.2f}–{max(loads):.2f}"
+                                   if loads else "") + "."
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:

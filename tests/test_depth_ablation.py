@@ -356,6 +356,8 @@ def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):
             "one_rate/table", "one_rate/acc_vs_depth"} <= set(final)
     table = open(final["per_depth/table"]).read()
     assert "final: digits train → test, 2 steps" in table and "| 2 |" in table
+    machines = da.sweep.machines_note(da.load_records(os.path.join(out, "final")))    # every run is in both choices
+    assert machines.startswith("Trained on ") and machines in table
     claims = open(final["per_depth/claims"]).read()        # depth 1 is shallow, 2 deep; two of the columns ran
     assert "`layerscale` @ 2 vs `skipinit` (no warm-up) @ 2 | 2/2 vs 2/2 |" in claims
     assert "### Claim 3: not tested" in claims and "| `layerscale` @ 2 vs `scalar` @ 2 | no runs |" in claims

@@ -78,6 +78,15 @@ def test_a_record_holds_the_runs_cpu_time_which_leaves_out_time_spent_waiting(tm
     assert 0.05 <= record["cpu_seconds"] < 0.25
 
 
+def test_the_machines_note_counts_runs_per_cpu_and_gives_the_load_range():
+    def record(cpu, load):
+        return {"machine": {"cpu": cpu, "load_average_start": [load, 0.0, 0.0]}}
+    records = [record("AMD EPYC", 2.3), record("Intel Xeon", 1.1), record("AMD EPYC", 3.05), {"run_id": "old"}]
+    assert sweep.machines_note(records) == ("Trained on AMD EPYC (2 runs), Intel Xeon (1 run); 1-minute load at the "
+                                            "runs' starts 1.10–3.05.")
+    assert sweep.machines_note([{"run_id": "old"}]) == ""
+
+
 def test_a_diverged_run_is_a_record_and_a_log_line_not_an_exception(tmp_path):
     lines = []
     records = sweep.run(SPECS, fake_train([]), str(tmp_path), outcome=lambda r: f"value {r['value']}",
