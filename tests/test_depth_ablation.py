@@ -216,6 +216,18 @@ def test_the_committed_tables_are_what_the_committed_run_records_give(tmp_path):
         assert (tmp_path / "results.csv").read_text() == open(os.path.join(where, "results.csv")).read()
 
 
+def test_the_committed_rates_are_what_the_committed_rate_records_give(tmp_path):
+    """Regenerating rates.json, rates.md and results.csv from ``depth_ablation_converged/rates/runs`` gives the
+    committed files, every cell bracketed."""
+    import shutil
+    committed = os.path.join(da.CONVERGED_OUT, "rates")
+    shutil.copytree(os.path.join(committed, "runs"), tmp_path / "runs")
+    da.write_rates_report(str(tmp_path))
+    for name in ("rates.json", "rates.md", "results.csv"):
+        assert (tmp_path / name).read_text() == open(os.path.join(committed, name)).read(), name
+    assert all(json.load(open(os.path.join(committed, "rates.json")))["bracketed"].values())
+
+
 def test_a_bad_shard_stops_the_command_naming_it():
     with pytest.raises(SystemExit, match="--shard='5/4' must have 1 ≤ i ≤ n"):
         da.main(["--protocol", "final", "--shard", "5/4", "--out", "/nonexistent"])
