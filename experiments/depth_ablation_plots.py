@@ -219,8 +219,7 @@ def plot_claims(results, path: str, *, title: str) -> None:
     rows = [(r.claim.name, c) for r in results for c in r.comparisons]
     fig, ax = plt.subplots(figsize=(8, 1.0 + 0.28 * max(len(rows), 1)))
     for y, (name, c) in enumerate(rows):
-        scheme, warmup, _ = c.worse
-        acc = c.accuracy
+        scheme, acc = c.worse[0], c.accuracy
         ax.text(1.01, y, c.outcome, transform=ax.get_yaxis_transform(), va="center", fontsize=6)
         if acc is None:
             ax.text(0, y, f"  no accuracy test ({c.runs} converged)", va="center", fontsize=6)
