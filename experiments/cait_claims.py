@@ -223,9 +223,11 @@ METHOD = (f"Per comparison: Welch's t-test on the final test accuracy of the con
           f"before any final run: experiments/cait_claims.py.")
 
 
-def write_claims(records: list[dict], path: str, title: str, value) -> list[ClaimResult]:
-    """``claims.md``: per claim its verdict, then its comparisons with every statistic that decided it."""
-    results = [evaluate(records, claim, value) for claim in cait_claims(sorted({r["depth"] for r in records}))]
+def write_claims(records: list[dict], path: str, title: str, value, depths: Sequence[int]) -> list[ClaimResult]:
+    """``claims.md``: per claim its verdict, then its comparisons with every statistic that decided it. The claims
+    are those of the planned grid's ``depths``, not of the depths that have finished runs, so an interim report
+    judges the pre-registered comparisons (those without runs: "not tested")."""
+    results = [evaluate(records, claim, value) for claim in cait_claims(depths)]
     parts = [f"{title}\n\n{METHOD}\n\n",
              sweep.markdown_table(["claim", "verdict"], ([f"{r.claim.name}. {r.claim.statement}", f"**{r.verdict}**"]
                                                          for r in results))]

@@ -41,6 +41,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cait_claims  # noqa: E402  (CaiT's claims as tests fixed before the final runs, and their verdicts)
@@ -636,12 +637,12 @@ FINAL_PROTOCOLS = {"per_depth": "each column at its best validation rate per dep
                    "one_rate": "each column at its one best validation rate for all depths"}
 
 
-def write_final_report(out: str, rates: dict, command: str | None = None, planned: int | None = None
-                       ) -> dict[str, str]:
+def write_final_report(out: str, rates: dict, depths: Sequence[int], command: str | None = None,
+                       planned: int | None = None) -> dict[str, str]:
     """For each final protocol (``FINAL_PROTOCOLS``), in ``out/<protocol>/``: ``table.md`` (mean and 95% CI over
     converged runs, divergence counted apart), ``comparisons.md`` (LayerScale vs each column per depth, Welch),
-    ``claims.md`` and ``claims.png`` (CaiT's claims judged by the rules of ``cait_claims``), ``results.csv`` and
-    the figures. With fewer finished runs than the ``planned`` runs of a rate choice, every output of that choice
+    ``claims.md`` and ``claims.png`` (CaiT's claims on the grid's ``depths``, judged by the rules of ``cait_claims``),
+    ``results.csv`` and the figures. With fewer finished runs than the ``planned`` runs of a rate choice, every output of that choice
     says so in its title ("INCOMPLETE: k of n runs finished"), so an interim report cannot pass for the study's."""
     paths = {}
     every = load_records(out)
@@ -662,7 +663,7 @@ def write_final_report(out: str, rates: dict, command: str | None = None, planne
                              layout(records), REFERENCE)
         paths[f"{which}/claims"] = os.path.join(report_dir, "claims.md")
         claims = cait_claims.write_claims(records, paths[f"{which}/claims"], "CaiT's claims, " + head,
-                                          layout(records).value)
+                                          layout(records).value, depths)
         paths[f"{which}/claims_figure"] = os.path.join(report_dir, "claims.png")
         plots.plot_claims(claims, paths[f"{which}/claims_figure"], title=f"CaiT's claims: {title}")
         paths[f"{which}/csv"] = os.path.join(report_dir, "results.csv")
@@ -905,7 +906,7 @@ def run_protocol(protocol: str, out: str, *, steps: int | None = None, columns=C
         return write_rates_report(stage, columns, depths or RATE_DEPTHS, start=rate_start,
                                   max_extensions=max_extensions)
     planned = len(columns) * len(depths or DEPTHS) * len(seeds or FINAL_SEEDS)     # per rate choice
-    return write_final_report(stage, rates, command, planned)
+    return write_final_report(stage, rates, depths or DEPTHS, command, planned)
 
 
 def stage_status(protocol: str, out: str, columns=COLUMNS, depths=None, seeds=None, steps=None) -> str:

@@ -108,7 +108,8 @@ def test_a_claim_without_runs_is_not_tested_and_the_report_shows_every_statistic
     records = [r for d in (48, 96) for r in runs("layerscale", True, d, HIGH) + runs("none", True, d, LOW)]
     assert judge(records, "1").verdict == "not tested"          # no `none` at depth 6
     records += runs("none", True, 6, HIGH) + runs("layerscale", True, 6, HIGH)
-    results = cc.write_claims(records, str(tmp_path / "claims.md"), "title", lambda r: r["accuracy"])
+    results = cc.write_claims(records, str(tmp_path / "claims.md"), "title", lambda r: r["accuracy"],
+                              depths=(6, 12, 24, 48, 96))
     text = (tmp_path / "claims.md").read_text()
     assert [r.verdict for r in results][:2] == ["reproduced", "reproduced"]
     # HIGH − LOW = 98.02 − 90.24 = 7.78 points
