@@ -642,8 +642,9 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
     """For each final protocol (``FINAL_PROTOCOLS``), in ``out/<protocol>/``: ``table.md`` (mean and 95% CI over
     converged runs, divergence counted apart), ``comparisons.md`` (LayerScale vs each column per depth, Welch),
     ``claims.md`` and ``claims.png`` (CaiT's claims on the grid's ``depths``, judged by the rules of ``cait_claims``),
-    ``results.csv`` and the figures. With fewer finished runs than the ``planned`` runs of a rate choice, every output of that choice
-    says so in its title ("INCOMPLETE: k of n runs finished"), so an interim report cannot pass for the study's."""
+    ``results.csv`` and the figures. With fewer finished runs than the ``planned`` runs of a rate choice, every
+    output of that choice says so in its title ("INCOMPLETE: k of n runs finished"), so an interim report cannot
+    pass for the study's."""
     paths = {}
     every = load_records(out)
     for which, words in FINAL_PROTOCOLS.items():
