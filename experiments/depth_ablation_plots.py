@@ -56,46 +56,55 @@ def _finish(fig, ax, path, legend=True):
 def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *, title: str, ylabel: str) -> None:
     """``accuracy(record)`` (%) against depth, one colour per scheme: each seed a small point (slightly spread
     sideways), the mean over converged seeds joined by a line with its 95% t-interval, diverged runs an ``x`` at
-    the bottom. ``columns`` are the (scheme, warm-up) pairs in legend order."""
+    the bottom. Left panel 0–100%; right panel the same converged runs with the accuracy axis spanning only them,
+    so differences of a point between trained columns can be seen. ``columns`` are the (scheme, warm-up) pairs in
+    legend order."""
     plt = sweep.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4.4))
     depths = sorted({r["depth"] for r in records})
     offsets = {c: (i - (len(columns) - 1) / 2) * 0.025 for i, c in enumerate(columns)}
+    converged_values = [accuracy(r) for r in records if not r["diverged"]]
     any_diverged = False
-    for column in columns:
-        scheme, warmup = column
-        shift = 2 ** offsets[column]
-        xs, means, lows, highs = [], [], [], []
-        for depth in depths:
-            mine = [r for r in records if (r["scheme"], r["warmup"], r["depth"]) == (scheme, warmup, depth)]
-            converged = [accuracy(r) for r in mine if not r["diverged"]]
-            diverged = sum(r["diverged"] for r in mine)
-            ax.scatter([depth * shift] * len(converged), converged, s=9, color=colour(scheme), alpha=0.45,
-                       edgecolors="none" if warmup else colour(scheme),
-                       facecolors=colour(scheme) if warmup else "none")
-            if diverged:
-                any_diverged = True
-                ax.scatter([depth * shift] * diverged, [0.0] * diverged, marker="x", s=30, color=colour(scheme),
-                           clip_on=False, zorder=5)
-            if converged:
-                s = sweep.summarise(converged)
-                xs.append(depth * shift)
-                means.append(s.mean)
-                lows.append(s.mean - s.ci_low)
-                highs.append(s.ci_high - s.mean)
-        if xs:
-            ax.errorbar(xs, means, yerr=[lows, highs], color=colour(scheme), marker="o", markersize=4, capsize=3,
-                        linewidth=1.2, label=label(scheme, warmup), **style(warmup))
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(depths, [str(d) for d in depths])
-    ax.minorticks_off()
-    ax.set_ylim(0, 100)
-    ax.set_xlabel("depth (blocks)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(wrap(title), fontsize=7)
+    for ax in (full, zoom):
+        for column in columns:
+            scheme, warmup = column
+            shift = 2 ** offsets[column]
+            xs, means, lows, highs = [], [], [], []
+            for depth in depths:
+                mine = [r for r in records if (r["scheme"], r["warmup"], r["depth"]) == (scheme, warmup, depth)]
+                converged = [accuracy(r) for r in mine if not r["diverged"]]
+                diverged = sum(r["diverged"] for r in mine)
+                ax.scatter([depth * shift] * len(converged), converged, s=9, color=colour(scheme), alpha=0.45,
+                           edgecolors="none" if warmup else colour(scheme),
+                           facecolors=colour(scheme) if warmup else "none")
+                if diverged and ax is full:
+                    any_diverged = True
+                    ax.scatter([depth * shift] * diverged, [0.0] * diverged, marker="x", s=30,
+                               color=colour(scheme), clip_on=False, zorder=5)
+                if converged:
+                    s = sweep.summarise(converged)
+                    xs.append(depth * shift)
+                    means.append(s.mean)
+                    lows.append(s.mean - s.ci_low)
+                    highs.append(s.ci_high - s.mean)
+            if xs:
+                ax.errorbar(xs, means, yerr=[lows, highs], color=colour(scheme), marker="o", markersize=4,
+                            capsize=3, linewidth=1.2, label=label(scheme, warmup) if ax is full else None,
+                            **style(warmup))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(depths, [str(d) for d in depths])
+        ax.minorticks_off()
+        ax.set_xlabel("depth (blocks)")
+    full.set_ylim(0, 100)
+    full.set_ylabel(ylabel)
+    full.set_title("every run (diverged at 0)", fontsize=8)
+    if converged_values:
+        zoom.set_ylim(max(math.floor(min(converged_values)) - 1, 0), 100)
+    zoom.set_title("converged runs, accuracy axis zoomed to them (same data)", fontsize=8)
+    fig.suptitle(wrap(title, 150), fontsize=7)
     if any_diverged:
-        ax.scatter([], [], marker="x", color="black", label="diverged run (at 0)")
-    _finish(fig, ax, path)
+        full.scatter([], [], marker="x", color="black", label="diverged run (at 0)")
+    _finish(fig, full, path)
 
 
 def plot_loss_curves(records: list[dict], depth: int, path: str, *, title: str) -> None:
