@@ -56,16 +56,20 @@ def _finish(fig, ax, path, legend=True):
 def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *, title: str, ylabel: str) -> None:
     """``accuracy(record)`` (%) against depth, one colour per scheme: each seed a small point (slightly spread
     sideways), the mean over converged seeds joined by a line with its 95% t-interval, diverged runs an ``x`` at
-    the bottom. Left panel 0–100%; right panel the same converged runs with the accuracy axis spanning only them,
-    so differences of a point between trained columns can be seen. ``columns`` are the (scheme, warm-up) pairs in
-    legend order."""
+    the bottom, on 0–100%. When every converged run lies above 50%, a second panel shows them again with the
+    accuracy axis spanning only them, so differences of a point between trained columns can be seen. ``columns``
+    are the (scheme, warm-up) pairs in legend order."""
     plt = sweep.pyplot()
-    fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4.4))
+    converged_values = [accuracy(r) for r in records if not r["diverged"]]
+    zoom_from = max(math.floor(min(converged_values, default=0)) - 1, 0)
+    if zoom_from >= 50:
+        fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4.4))
+    else:
+        (fig, full), zoom = plt.subplots(figsize=(7, 4.2)), None
     depths = sorted({r["depth"] for r in records})
     offsets = {c: (i - (len(columns) - 1) / 2) * 0.025 for i, c in enumerate(columns)}
-    converged_values = [accuracy(r) for r in records if not r["diverged"]]
     any_diverged = False
-    for ax in (full, zoom):
+    for ax in (full, zoom) if zoom else (full,):
         for column in columns:
             scheme, warmup = column
             shift = 2 ** offsets[column]
@@ -97,11 +101,13 @@ def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *,
         ax.set_xlabel("depth (blocks)")
     full.set_ylim(0, 100)
     full.set_ylabel(ylabel)
-    full.set_title("every run (diverged at 0)", fontsize=8)
-    if converged_values:
-        zoom.set_ylim(max(math.floor(min(converged_values)) - 1, 0), 100)
-    zoom.set_title("converged runs, accuracy axis zoomed to them (same data)", fontsize=8)
-    fig.suptitle(wrap(title, 150), fontsize=7)
+    if zoom:
+        full.set_title("every run (diverged at 0)", fontsize=8)
+        zoom.set_ylim(zoom_from, 100)
+        zoom.set_title("converged runs, accuracy axis zoomed to them (same data)", fontsize=8)
+        fig.suptitle(wrap(title, 150), fontsize=7)
+    else:
+        full.set_title(wrap(title), fontsize=7)
     if any_diverged:
         full.scatter([], [], marker="x", color="black", label="diverged run (at 0)")
     _finish(fig, full, path)

@@ -69,6 +69,23 @@ def test_table_and_every_plot_are_written(sweep):
             assert f.read(8) == PNG_MAGIC, what
 
 
+def test_accuracy_vs_depth_adds_a_zoomed_panel_only_when_every_converged_run_is_above_half(tmp_path):
+    import depth_ablation_plots as plots
+    from PIL import Image
+
+    def record(depth, accuracy, diverged=False):
+        return {"scheme": "layerscale", "warmup": True, "depth": depth, "accuracy": accuracy, "diverged": diverged}
+
+    trained = [record(d, a) for d in (6, 96) for a in (97.0, 98.5)] + [record(96, 0.0, diverged=True)]
+    widths = {}
+    for name, records in (("trained", trained), ("one_low", trained + [record(6, 40.0)])):
+        path = str(tmp_path / f"{name}.png")
+        plots.plot_accuracy_vs_depth(records, [("layerscale", True)], lambda r: r["accuracy"], path, title=name,
+                                     ylabel="accuracy (%)")
+        widths[name] = Image.open(path).size[0]
+    assert widths == {"trained": 11 * 120, "one_low": 7 * 120}          # figsize (inches) × dpi 120
+
+
 def test_each_record_holds_the_loss_curve_and_diagnostics_at_init_and_each_evaluation(sweep):
     out, _, _ = sweep
     record = {r["scheme"]: r for r in da.load_records(out)}["layerscale"]
