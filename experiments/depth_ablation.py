@@ -621,7 +621,7 @@ def write_rates_report(out: str, columns=COLUMNS, depths=RATE_DEPTHS, **sweep_kw
     one = [[_label(*c), f"{lr:g}"] for c, lr in rates["one_rate"].items()]
     with open(os.path.join(out, "rates.md"), "w") as f:
         f.write(f"Rates ({describe(records, 'rate sweep', 'seed 0')}), chosen on final validation accuracy. "
-                f"{sweep.machines_note(records)}\n\n"
+                f"{sweep.machines_note(records)} Compute: {sweep.compute_note(records)}\n\n"
                 + sweep.markdown_table(["column", "depth", "swept (runs)", "best rate", "bracketed",
                                         "val acc at best (%)", "diverged runs"], rows)
                 + "\nOne rate for all depths (highest mean validation accuracy over the depths, a diverged run "
@@ -656,7 +656,8 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
         title = describe(records, "final", words)
         if planned is not None and len(records) < planned:
             title = f"INCOMPLETE: {len(records)} of {planned} runs finished — {title}"
-        head = title + (f"\n\nCommand: `{command}`" if command else "") + f"\n\n{sweep.machines_note(records)}"
+        head = (title + (f"\n\nCommand: `{command}`" if command else "") + f"\n\n{sweep.machines_note(records)} "
+                f"The final stage, both rate choices' runs together: {sweep.compute_note(every)}")
         paths[f"{which}/table"] = os.path.join(report_dir, "table.md")
         vp.write_ci_table(records, paths[f"{which}/table"], "Final test accuracy (%), " + head, layout(records))
         paths[f"{which}/comparisons"] = os.path.join(report_dir, "comparisons.md")

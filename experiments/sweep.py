@@ -256,6 +256,25 @@ def machines_note(records: Sequence[dict]) -> str:
                                    if loads else "") + "."
 
 
+def compute_note(records: Sequence[dict]) -> str:
+    """What ``records`` cost: their number and the sum of each run's CPU time (``cpu_seconds``, the process's CPU
+    time over all its threads, which leaves out pauses); a record from before ``cpu_seconds`` existed counts its wall
+    ``seconds`` instead, pauses included, and the note says how many did."""
+    def runs(n):
+        return f"{n} run{'s' if n > 1 else ''}"
+    cpu = [r["cpu_seconds"] for r in records if "cpu_seconds" in r]
+    wall = [r["seconds"] for r in records if "cpu_seconds" not in r and "seconds" in r]
+    if not cpu:
+        return (f"{runs(len(wall))} took {sum(wall) / 3600:.1f} hours of wall time in total (recorded before their "
+                f"CPU time was; pauses included)." if wall else "")
+    note = (f"{runs(len(cpu) + len(wall))} took {(sum(cpu) + sum(wall)) / 3600:.1f} CPU-hours in total (the sum of "
+            f"each run's process CPU time")
+    if wall:
+        note += (f"; {runs(len(wall))} recorded before that was measured count{'' if len(wall) > 1 else 's'} "
+                 f"{sum(wall) / 3600:.1f} hours of wall time, pauses included")
+    return note + ")."
+
+
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     """A markdown table (``|---|`` under the header), ending in a newline."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

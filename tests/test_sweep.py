@@ -87,6 +87,19 @@ def test_the_machines_note_counts_runs_per_cpu_and_gives_the_load_range():
     assert sweep.machines_note([{"run_id": "old"}]) == ""
 
 
+def test_the_compute_note_sums_cpu_time_and_counts_runs_that_only_have_wall_time():
+    records = [{"cpu_seconds": 3600.0, "seconds": 4000.0}, {"cpu_seconds": 1800.0, "seconds": 9999.0},
+               {"seconds": 1800.0}, {"run_id": "neither"}]
+    # by hand: 3,600 + 1,800 CPU seconds + 1,800 wall seconds = 7,200 s = 2.0 hours; 0.5 of them wall time
+    assert sweep.compute_note(records) == (
+        "3 runs took 2.0 CPU-hours in total (the sum of each run's process CPU time; 1 run recorded before that was "
+        "measured counts 0.5 hours of wall time, pauses included).")
+    assert sweep.compute_note(records[:2]).startswith("2 runs took 1.5 CPU-hours in total (")
+    assert sweep.compute_note(records[2:]) == ("1 run took 0.5 hours of wall time in total (recorded before their "
+                                               "CPU time was; pauses included).")
+    assert sweep.compute_note([{"run_id": "neither"}]) == ""
+
+
 def test_a_diverged_run_is_a_record_and_a_log_line_not_an_exception(tmp_path):
     lines = []
     records = sweep.run(SPECS, fake_train([]), str(tmp_path), outcome=lambda r: f"value {r['value']}",
