@@ -911,6 +911,21 @@ def run_protocol(protocol: str, out: str, *, steps: int | None = None, columns=C
     return write_final_report(stage, rates, depths or DEPTHS, command, planned)
 
 
+def remaining_cpu_hours(missing: Sequence[RunSpec], records: Sequence[dict]) -> float | None:
+    """The CPU time ``missing`` runs will take, in hours: each run the mean ``cpu_seconds`` of the finished
+    ``records`` at its depth, or at a depth without one its depth × the finished runs' mean CPU time per block
+    (a run's cost grows about linearly with depth); None when no finished run has its CPU time."""
+    measured = [r for r in records if "cpu_seconds" in r]
+    if not measured:
+        return None
+    by_depth = {}
+    for r in measured:
+        by_depth.setdefault(r["depth"], []).append(r["cpu_seconds"])
+    per_block = sum(r["cpu_seconds"] / r["depth"] for r in measured) / len(measured)
+    return sum(sum(by_depth[s.depth]) / len(by_depth[s.depth]) if s.depth in by_depth else s.depth * per_block
+               for s in missing) / 3600
+
+
 def stage_status(protocol: str, out: str, columns=COLUMNS, depths=None, seeds=None, steps=None) -> str:
     """``--status``: the rate sweep's ``rates_status``; for the budget and final stages the runs finished out of
     those the stage plans, and the first few still to train."""
@@ -924,9 +939,16 @@ def stage_status(protocol: str, out: str, columns=COLUMNS, depths=None, seeds=No
     else:
         specs = final_specs(_load_rates(out), _steps_from_budget(out, steps), depths or DEPTHS, seeds or FINAL_SEEDS,
                             columns)
-    missing = [s.run_id for s in specs if not os.path.exists(record_path(stage, s))]
-    return (f"{protocol}: {len(specs) - len(missing)} of {len(specs)} runs finished"
-            + (f"; next: {', '.join(missing[:3])}" + (" …" if len(missing) > 3 else "") if missing else ""))
+    missing = [s for s in specs if not os.path.exists(record_path(stage, s))]
+    text = f"{protocol}: {len(specs) - len(missing)} of {len(specs)} runs finished"
+    if missing:
+        text += f"; next: {', '.join(s.run_id for s in missing[:3])}" + (" …" if len(missing) > 3 else "")
+        hours = remaining_cpu_hours(missing, records)
+        if hours is not None:
+            cores = len(os.sched_getaffinity(0))
+            text += (f"\nstill to train: ≈ {hours:.1f} CPU-hours by the finished runs' CPU time per depth "
+                     f"(≈ {hours / cores:.1f} hours with one shard per core on this machine's {cores} cores)")
+    return text
 
 
 def main(argv=None) -> None:

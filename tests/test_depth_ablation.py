@@ -330,6 +330,15 @@ def test_the_rate_status_shows_each_cells_finished_rates_and_what_it_still_needs
            "**edge: 0.0002** (after 2 extensions) |" in text
 
 
+def test_the_remaining_cpu_time_is_the_finished_runs_mean_per_depth_or_linear_in_depth():
+    records = [{"depth": 6, "cpu_seconds": 40.0}, {"depth": 6, "cpu_seconds": 50.0},
+               {"depth": 48, "cpu_seconds": 480.0}, {"depth": 12, "seconds": 999.0}]      # the last: no CPU time
+    missing = [da.RunSpec(d, "layerscale", True, 0, 1e-2, "final", 100) for d in (6, 48, 96)]
+    # by hand: 45 s (mean at 6) + 480 s (at 48) + 96 × mean(40/6, 50/6, 480/48 = 10) = 96 × 8.333 = 800 s
+    assert da.remaining_cpu_hours(missing, records) == pytest.approx((45 + 480 + 800) / 3600)
+    assert da.remaining_cpu_hours(missing, records[3:]) is None
+
+
 def test_status_prints_where_a_stage_stands_and_trains_nothing(tmp_path, capsys):
     da.main(["--protocol", "rates", "--status", "--out", str(tmp_path)])
     assert "Rate sweep: 0 runs finished, 40 of 40 cells still need runs." in capsys.readouterr().out
