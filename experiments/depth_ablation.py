@@ -604,26 +604,40 @@ def rates_status(records: list[dict], columns=COLUMNS, depths=RATE_DEPTHS, start
             + sweep.markdown_table(["column", "depth", "finished rates: validation accuracy (%)", "state"], rows))
 
 
-def write_rates_report(out: str, columns=COLUMNS, depths=RATE_DEPTHS, **sweep_kwargs) -> dict[str, str]:
+def write_rates_report(out: str, validation_images: int, columns=COLUMNS, depths=RATE_DEPTHS, **sweep_kwargs
+                       ) -> dict[str, str]:
     """``rates.json`` (``best_learning_rates``), ``rates.md`` (per column × depth: swept range, best rate, bracketed,
-    its validation accuracy; the one rate per column) and ``results.csv`` from the rate sweep in ``out``."""
+    its validation accuracy and its lead over the next-best rate against the binomial standard error of that
+    accuracy on ``validation_images`` images, the resolution of the choice; the one rate per column) and
+    ``results.csv`` from the rate sweep in ``out``."""
     records = load_records(out)
     rates = best_learning_rates(records, columns, depths, **sweep_kwargs)
     sweep.save_json(os.path.join(out, "rates.json"), rates_to_json(rates))
-    rows = []
+    rows, unresolved = [], 0
     for (scheme, warmup, depth), lr in rates["per_depth"].items():
         mine = _cell_records(records, scheme, warmup, depth)
         swept = sorted(r["learning_rate"] for r in mine)
         at_best = [r for r in mine if math.isclose(r["learning_rate"], lr)][0]
+        best = 100 * vp.accuracy(at_best)
+        runner_up = max((100 * vp.accuracy(r) for r in mine if r is not at_best and not r["diverged"]), default=None)
+        resolution = vp.binomial_standard_error(best, validation_images)
+        lead = "–" if runner_up is None else f"{best - runner_up:.1f}" + (" (< SE)" if best - runner_up < resolution
+                                                                         else "")
+        unresolved += runner_up is not None and best - runner_up < resolution
         rows.append([_label(scheme, warmup), depth, f"{swept[0]:g} … {swept[-1]:g} ({len(swept)})", f"{lr:g}",
                      "yes" if rates["bracketed"][(scheme, warmup, depth)] else "**no (edge)**",
-                     f"{100 * vp.accuracy(at_best):.1f}", sum(r["diverged"] for r in mine)])
+                     f"{best:.1f}", lead, sum(r["diverged"] for r in mine)])
     one = [[_label(*c), f"{lr:g}"] for c, lr in rates["one_rate"].items()]
     with open(os.path.join(out, "rates.md"), "w") as f:
         f.write(f"Rates ({describe(records, 'rate sweep', 'seed 0')}), chosen on final validation accuracy. "
                 f"{sweep.machines_note(records)} Compute: {sweep.compute_note(records)}\n\n"
+                f"Resolution of the choice: in {unresolved} of {len(rows)} cells the best rate leads the next-best "
+                f"by less than one binomial standard error of its validation accuracy on {validation_images} "
+                f"images (100·√(p(1−p)/n), about 1 point at 97%), marked \"< SE\": there one seed cannot tell "
+                f"the two rates apart.\n\n"
                 + sweep.markdown_table(["column", "depth", "swept (runs)", "best rate", "bracketed",
-                                        "val acc at best (%)", "diverged runs"], rows)
+                                        "val acc at best (%)", "lead over next-best rate (points)",
+                                        "diverged runs"], rows)
                 + "\nOne rate for all depths (highest mean validation accuracy over the depths, a diverged run "
                   "counting 0):\n\n" + sweep.markdown_table(["column", "rate"], one))
     sweep.write_csv(sorted(records, key=lambda r: (r["depth"], r["scheme"], not r["warmup"], r["learning_rate"])),
@@ -905,7 +919,7 @@ def run_protocol(protocol: str, out: str, *, steps: int | None = None, columns=C
     if protocol == "budget":
         return write_budget_report(stage, tolerance)
     if protocol == "rates":
-        return write_rates_report(stage, columns, depths or RATE_DEPTHS, start=rate_start,
+        return write_rates_report(stage, validation_images(), columns, depths or RATE_DEPTHS, start=rate_start,
                                   max_extensions=max_extensions)
     planned = len(columns) * len(depths or DEPTHS) * len(seeds or FINAL_SEEDS)     # per rate choice
     return write_final_report(stage, rates, depths or DEPTHS, command, planned)

@@ -239,7 +239,7 @@ def test_the_committed_rates_are_what_the_committed_rate_records_give(tmp_path):
     import shutil
     committed = os.path.join(da.CONVERGED_OUT, "rates")
     shutil.copytree(os.path.join(committed, "runs"), tmp_path / "runs")
-    da.write_rates_report(str(tmp_path))
+    da.write_rates_report(str(tmp_path), da.validation_images())
     for name in ("rates.json", "rates.md", "results.csv"):
         assert (tmp_path / name).read_text() == open(os.path.join(committed, name)).read(), name
     assert all(json.load(open(os.path.join(committed, "rates.json")))["bracketed"].values())
@@ -311,6 +311,24 @@ def test_rates_are_chosen_per_depth_and_once_for_all_depths_on_validation():
         da.best_learning_rates([fake_record(split="test")], columns=(("layerscale", True),), depths=(12,))
     with pytest.raises(ValueError, match="unfinished"):
         da.best_learning_rates(records[:2], columns=(("layerscale", True),), depths=(12,), start=(1e-3, 2e-3, 5e-3))
+
+
+def test_rates_md_marks_a_choice_whose_lead_is_below_the_binomial_standard_error(tmp_path):
+    accs = {12: {1e-3: .97, 2e-3: .98, 5e-3: .60}, 48: {1e-3: .975, 2e-3: .98, 5e-3: .1}}
+    for depth, by_rate in accs.items():
+        for lr, acc in by_rate.items():
+            r = fake_record(depth=depth, lr=lr, acc=acc, diverged=acc == .1)
+            r.update(dataset="digits", train_split="train_without_validation", steps=100, embed_dim=32, seconds=1.0,
+                     diverged_at_step=None)
+            da.sweep.save_json(da.sweep.record_path(str(tmp_path), r["run_id"]), r)
+    da.write_rates_report(str(tmp_path), 285, columns=(("layerscale", True),), depths=(12, 48),
+                          start=(1e-3, 2e-3, 5e-3))
+    text = (tmp_path / "rates.md").read_text()
+    # by hand: SE at 98% on 285 images = 100·√(0.98·0.02/285) = 0.829 points; depth 12 leads by 1.0 (resolved),
+    # depth 48 by 0.5 over 1e-3 (the diverged 5e-3 is no contender)
+    assert "in 1 of 2 cells the best rate leads the next-best by less than one binomial standard error" in text
+    assert "| layerscale | 12 | 0.001 … 0.005 (3) | 0.002 | yes | 98.0 | 1.0 | 0 |" in text
+    assert "| layerscale | 48 | 0.001 … 0.005 (3) | 0.002 | yes | 98.0 | 0.5 (< SE) | 1 |" in text
 
 
 def test_the_rate_status_shows_each_cells_finished_rates_and_what_it_still_needs():
