@@ -681,10 +681,11 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
         claims = cait_claims.write_claims(records, paths[f"{which}/claims"], "CaiT's claims, " + head,
                                           layout(records).value, depths)
         paths[f"{which}/claims_figure"] = os.path.join(report_dir, "claims.png")
-        plots.plot_claims(claims, paths[f"{which}/claims_figure"], title=f"CaiT's claims: {title}")
+        figure_title = f"{title}. {sweep.machines_note(records)}"      # a figure names its CPUs and load, too
+        plots.plot_claims(claims, paths[f"{which}/claims_figure"], title=f"CaiT's claims: {figure_title}")
         paths[f"{which}/csv"] = os.path.join(report_dir, "results.csv")
         write_csv(records, paths[f"{which}/csv"])
-        paths.update({f"{which}/{k}": v for k, v in write_figures(records, report_dir, title).items()})
+        paths.update({f"{which}/{k}": v for k, v in write_figures(records, report_dir, figure_title).items()})
     if not paths:
         raise FileNotFoundError(f"no finished final runs under {os.path.join(out, 'runs')}")
     return paths
