@@ -621,9 +621,9 @@ def write_rates_report(out: str, validation_images: int, columns=COLUMNS, depths
         best = 100 * vp.accuracy(at_best)
         runner_up = max((100 * vp.accuracy(r) for r in mine if r is not at_best and not r["diverged"]), default=None)
         resolution = vp.binomial_standard_error(best, validation_images)
-        lead = "–" if runner_up is None else f"{best - runner_up:.1f}" + (" (< SE)" if best - runner_up < resolution
-                                                                         else "")
-        unresolved += runner_up is not None and best - runner_up < resolution
+        within_se = runner_up is not None and best - runner_up < resolution
+        unresolved += within_se
+        lead = "–" if runner_up is None else f"{best - runner_up:.1f}" + (" (< SE)" if within_se else "")
         rows.append([_label(scheme, warmup), depth, f"{swept[0]:g} … {swept[-1]:g} ({len(swept)})", f"{lr:g}",
                      "yes" if rates["bracketed"][(scheme, warmup, depth)] else "**no (edge)**",
                      f"{best:.1f}", lead, sum(r["diverged"] for r in mine)])
