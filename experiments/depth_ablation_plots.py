@@ -67,34 +67,9 @@ def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *,
     else:
         (fig, full), zoom = plt.subplots(figsize=(7, 4.2)), None
     depths = sorted({r["depth"] for r in records})
-    offsets = {c: (i - (len(columns) - 1) / 2) * 0.025 for i, c in enumerate(columns)}
-    any_diverged = False
+    any_diverged = any(r["diverged"] for r in records)
     for ax in (full, zoom) if zoom else (full,):
-        for column in columns:
-            scheme, warmup = column
-            shift = 2 ** offsets[column]
-            xs, means, lows, highs = [], [], [], []
-            for depth in depths:
-                mine = [r for r in records if (r["scheme"], r["warmup"], r["depth"]) == (scheme, warmup, depth)]
-                converged = [accuracy(r) for r in mine if not r["diverged"]]
-                diverged = sum(r["diverged"] for r in mine)
-                ax.scatter([depth * shift] * len(converged), converged, s=9, color=colour(scheme), alpha=0.45,
-                           edgecolors="none" if warmup else colour(scheme),
-                           facecolors=colour(scheme) if warmup else "none")
-                if diverged and ax is full:
-                    any_diverged = True
-                    ax.scatter([depth * shift] * diverged, [0.0] * diverged, marker="x", s=30,
-                               color=colour(scheme), clip_on=False, zorder=5)
-                if converged:
-                    s = sweep.summarise(converged)
-                    xs.append(depth * shift)
-                    means.append(s.mean)
-                    lows.append(s.mean - s.ci_low)
-                    highs.append(s.ci_high - s.mean)
-            if xs:
-                ax.errorbar(xs, means, yerr=[lows, highs], color=colour(scheme), marker="o", markersize=4,
-                            capsize=3, linewidth=1.2, label=label(scheme, warmup) if ax is full else None,
-                            **style(warmup))
+        _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged=ax is full)
         ax.set_xscale("log", base=2)
         ax.set_xticks(depths, [str(d) for d in depths])
         ax.minorticks_off()
@@ -111,6 +86,36 @@ def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *,
     if any_diverged:
         full.scatter([], [], marker="x", color="black", label="diverged run (at 0)")
     _finish(fig, full, path)
+
+
+def _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged: bool) -> None:
+    """``plot_accuracy_vs_depth``'s marks on one panel: per column each seed a point, the converged seeds' mean with
+    its 95% t-interval (labelled for the legend on the panel that marks diverged runs), diverged runs an ``x`` at 0
+    when ``mark_diverged``."""
+    offsets = {c: (i - (len(columns) - 1) / 2) * 0.025 for i, c in enumerate(columns)}
+    for column in columns:
+        scheme, warmup = column
+        shift = 2 ** offsets[column]
+        xs, means, lows, highs = [], [], [], []
+        for depth in depths:
+            mine = [r for r in records if (r["scheme"], r["warmup"], r["depth"]) == (scheme, warmup, depth)]
+            converged = [accuracy(r) for r in mine if not r["diverged"]]
+            diverged = sum(r["diverged"] for r in mine)
+            ax.scatter([depth * shift] * len(converged), converged, s=9, color=colour(scheme), alpha=0.45,
+                       edgecolors="none" if warmup else colour(scheme),
+                       facecolors=colour(scheme) if warmup else "none")
+            if diverged and mark_diverged:
+                ax.scatter([depth * shift] * diverged, [0.0] * diverged, marker="x", s=30, color=colour(scheme),
+                           clip_on=False, zorder=5)
+            if converged:
+                s = sweep.summarise(converged)
+                xs.append(depth * shift)
+                means.append(s.mean)
+                lows.append(s.mean - s.ci_low)
+                highs.append(s.ci_high - s.mean)
+        if xs:
+            ax.errorbar(xs, means, yerr=[lows, highs], color=colour(scheme), marker="o", markersize=4, capsize=3,
+                        linewidth=1.2, label=label(scheme, warmup) if mark_diverged else None, **style(warmup))
 
 
 def plot_loss_curves(records: list[dict], depth: int, path: str, *, title: str) -> None:
