@@ -167,7 +167,7 @@ def child(args):
 
 
 def run_child(contender, workers, args):
-    from layerscale_jax.runtime import huge_page_environment, huge_page_malloc_supported
+    from layerscale_jax.runtime import huge_page_malloc_supported, malloc_environment, tcmalloc_library
 
     package_root = args.baseline if contender.endswith("@baseline") else REPO
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
@@ -175,8 +175,7 @@ def run_child(contender, workers, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", contender, "--workers", str(workers),
            "--batch", str(args.batch), "--batches", str(args.batches), "--warmup", str(args.warmup),
            "--num-records", str(args.num_records), "--jpeg-shape", *map(str, args.jpeg_shape)]
-    if huge_page_malloc_supported():  # as the train entry point runs
-        env = huge_page_environment(env) or env
+    env = malloc_environment(env, tcmalloc_library(), huge_page_malloc_supported()) or env  # as the train command
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:

@@ -244,16 +244,26 @@ def write_csv(records: Iterable[dict], path: str, fields: Sequence[str]) -> None
 
 
 def machines_note(records: Sequence[dict]) -> str:
-    """Where ``records`` ran: each CPU model with its number of runs (most first), and the range of the 1-minute load
-    average at the runs' starts (``run`` records both); "" when no record names its machine."""
+    """Where ``records`` ran: each CPU model (with its generation, ``family F model M``, where recorded) with its
+    number of runs (most first), the malloc each ran with where recorded (``layerscale_jax.runtime``: it changes
+    the time, not the numbers), and the range of the 1-minute load average at the runs' starts (``run`` records
+    them); "" when no record names its machine."""
     machines = [r["machine"] for r in records if r.get("machine")]
     if not machines:
         return ""
-    counts = collections.Counter(m.get("cpu", "unknown CPU") for m in machines)
+    counts = collections.Counter(", ".join(filter(None, (m.get("cpu", "unknown CPU"), m.get("cpu_family_model"))))
+                                 for m in machines)
+    mallocs = collections.Counter(m["malloc"] for m in machines if m.get("malloc"))
     loads = [m["load_average_start"][0] for m in machines if m.get("load_average_start")]
-    cpus = ", ".join(f"{cpu} ({n} run{'s' if n > 1 else ''})" for cpu, n in counts.most_common())
-    return f"Trained on {cpus}" + (f"; 1-minute load at the runs' starts {min(loads):.2f}–{max(loads):.2f}"
-                                   if loads else "") + "."
+
+    def runs(n):
+        return f"{n} run{'s' if n > 1 else ''}"
+    cpus = ", ".join(f"{cpu} ({runs(n)})" for cpu, n in counts.most_common())
+    unrecorded = len(machines) - sum(mallocs.values())
+    malloc = "; malloc " + ", ".join([f"{name} ({runs(n)})" for name, n in mallocs.most_common()]
+                                     + [f"not recorded ({runs(unrecorded)})"] * (unrecorded > 0)) if mallocs else ""
+    return f"Trained on {cpus}{malloc}" + (f"; 1-minute load at the runs' starts {min(loads):.2f}–{max(loads):.2f}"
+                                           if loads else "") + "."
 
 
 def compute_note(records: Sequence[dict]) -> str:

@@ -133,15 +133,22 @@ def test_profile_attributes_time_to_the_compiled_programs_operations(capsys):
     assert sum(row["ms_per_step"] for row in r["by_kind"]) <= r["timed_ops_ms_per_step"] + 1e-9
 
 
-def test_page_faults_runs_the_probe_in_fresh_processes_with_and_without_the_tunable():
+def test_page_faults_runs_the_probe_in_fresh_processes_with_each_malloc():
     from layerscale_jax.bench.entries import bench_page_faults
+    from layerscale_jax.runtime import tcmalloc_library
     r = bench_page_faults(StepSpec(batch=2, overrides=TOY), rounds=1)
-    assert [run["glibc_tunables"] for run in r["runs"]["default_4k_pages"]] == [""]
+    names = ["default_4k_pages", "huge_page_malloc"] + ["tcmalloc"] * (tcmalloc_library() is not None)
+    assert [name for name in r["runs"]] == names and r["tcmalloc_library"] == tcmalloc_library()
+    assert [(run["glibc_tunables"], run["ld_preload"]) for run in r["runs"]["default_4k_pages"]] == [("", "")]
     assert [run["glibc_tunables"] for run in r["runs"]["huge_page_malloc"]] == ["glibc.malloc.hugetlb=1"]
-    for name in ("default_4k_pages", "huge_page_malloc"):
+    if "tcmalloc" in names:
+        assert [run["ld_preload"] for run in r["runs"]["tcmalloc"]] == [tcmalloc_library()]
+        assert r["tcmalloc_speedup"] > 0
+    for name in names:
         assert r[name]["step_s"] > 0 and r[name]["minor_faults"] >= 0
         (run,) = r["runs"][name]             # the same probe measures memory for the `memory` entry
         assert 0 < run["xla_peak_bytes"] and 0 < run["rss_step_increase_bytes"] < run["rss_peak_during_steps_bytes"]
+    assert r["speedup"] == r["default_4k_pages"]["step_s"] / r["huge_page_malloc"]["step_s"]
 
 
 def test_report_renders_the_measured_ratios_and_each_rows_cpu_into_the_table():
@@ -157,6 +164,18 @@ def test_report_renders_the_measured_ratios_and_each_rows_cpu_into_the_table():
             "**0.90×** (paired 0.95×) | 50.0% / 60.0% | ≥ 1.0× | row cpu |") in table
     assert "overhead **+1.0%** (XLA bytes accessed +2.0%)" in table and table.count("| file cpu |") == 1
     assert f"ours / peer: {peer.LABEL}." in table
+
+
+def test_report_has_a_malloc_row_per_measured_step_naming_its_size():
+    from layerscale_jax.bench.report import report
+    spec = StepSpec(batch=64, scan=True, overrides=dict(img_size=8, embed_dim=32, depth=48, num_heads=2)).describe()
+    pf = {"spec": spec, "speedup": 1.3, "fault_ratio": 101.0, "tcmalloc_speedup": 1.38, "tcmalloc_fault_ratio": 39295.0,
+          "tcmalloc": {"step_s": 0.07, "minor_faults": 0.0}}
+    table = report({"entries": {"page_faults": dict(pf, spec=StepSpec().describe(), tcmalloc={"minor_faults": 2.0}),
+                                "page_faults_ablation_depth48": pf}, "machine": {"cpu": "test cpu"}})
+    assert ("| malloc vs glibc's 4 KiB pages, deit3_small_patch16_224 (img_size=8, embed_dim=32, depth=48), batch 64, "
+            "scanned step | huge pages 1.30× faster, 101× fewer page faults; TCMalloc 1.38×, no page faults |") in table
+    assert "batch 16 step | huge pages 1.30× faster, 101× fewer page faults; TCMalloc 1.38×, 39295× fewer |" in table
 
 
 @pytest.mark.parametrize("name, cpu", [("cpu2_2026-11-29", "Intel(R) Xeon(R) Processor"),
@@ -243,3 +262,15 @@ def test_results_files_of_two_cpu_kinds_never_share_a_name():
     h200 = {"backend": "gpu", "cpu": "AMD EPYC", "cpu_threads": 16, "device": "NVIDIA H200"}
     assert [results_name(m) for m in (amd, intel, h200)] == ["cpu2-amd-epyc", "cpu2-intel-xeon-processor",
                                                              "gpu-nvidia-h200"]
+
+
+def test_machine_info_names_the_cpu_generation_and_the_malloc():
+    import re
+
+    from layerscale_jax.bench.timing import machine_info
+    m = machine_info()
+    assert m["malloc"] in ("tcmalloc", "glibc huge pages", "glibc")
+    with open("/proc/cpuinfo") as f:
+        has_family = "cpu family" in f.read()
+    assert (re.fullmatch(r"family \d+ model \d+", m["cpu_family_model"]) is not None) if has_family else \
+        m["cpu_family_model"] is None

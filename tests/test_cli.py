@@ -139,7 +139,7 @@ def test_every_bad_input_gives_one_error_line_and_exit_status_2(files, tmp_path,
 
 def _subprocess(module, *args, debug=False, **env_vars):
     env = {k: v for k, v in os.environ.items() if k != DEBUG_ENV}
-    env.update(LAYERSCALE_JAX_HUGEPAGES="0", PYTHONPATH=ROOT, **({DEBUG_ENV: "1"} if debug else {}), **env_vars)
+    env.update(LAYERSCALE_JAX_MALLOC="system", PYTHONPATH=ROOT, **({DEBUG_ENV: "1"} if debug else {}), **env_vars)
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=300)
 

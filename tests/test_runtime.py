@@ -1,4 +1,4 @@
-"""The entry points' huge-page malloc re-execution (layerscale_jax/runtime.py)."""
+"""The entry points' re-execution with a malloc that keeps XLA's buffers (layerscale_jax/runtime.py)."""
 import os
 import subprocess
 import sys
@@ -7,36 +7,61 @@ import pytest
 
 from layerscale_jax import runtime
 
+LIB = "libtcmalloc_minimal.so.4"
 
-def test_environment_adds_the_tunable_and_keeps_existing_ones():
-    env = runtime.huge_page_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "PATH": "/bin"})
+
+def test_auto_prefers_tcmalloc_and_keeps_what_is_preloaded_already():
+    env = runtime.malloc_environment({"LD_PRELOAD": "libfoo.so", "PATH": "/bin"}, LIB, huge_pages=True)
+    assert env["LD_PRELOAD"] == f"{LIB} libfoo.so" and env["PATH"] == "/bin" and "GLIBC_TUNABLES" not in env
+    assert runtime.malloc_environment({}, LIB, huge_pages=False)["LD_PRELOAD"] == LIB
+
+
+def test_huge_pages_without_tcmalloc_or_when_asked_keep_existing_tunables():
+    env = runtime.malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, None, huge_pages=True)
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
-    assert env["PATH"] == "/bin"
-    assert runtime.huge_page_environment({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    asked = runtime.malloc_environment({runtime.MALLOC_VARIABLE: "hugepages"}, LIB, huge_pages=True)
+    assert asked["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1" and "LD_PRELOAD" not in asked
 
 
-def test_nothing_to_do_when_already_set_or_opted_out():
-    assert runtime.huge_page_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
-    assert runtime.huge_page_environment({runtime.OPT_OUT_VARIABLE: "0"}) is None
+def test_nothing_to_do_when_chosen_already_opted_out_or_unavailable():
+    assert runtime.malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, LIB, True) is None
+    assert runtime.malloc_environment({"LD_PRELOAD": f"/usr/lib/{LIB}"}, LIB, True) is None
+    assert runtime.malloc_environment({runtime.MALLOC_VARIABLE: "system"}, LIB, True) is None
+    assert runtime.malloc_environment({}, None, huge_pages=False) is None
+
+
+def test_a_bad_choice_is_one_error_line_naming_the_variable_and_value():
+    env = dict(os.environ, **{runtime.MALLOC_VARIABLE: "jemalloc"})
+    code = "from layerscale_jax.runtime import reexec_with_fast_malloc as r; r(); print('ran')"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip() == "error: LAYERSCALE_JAX_MALLOC='jemalloc': expected one of auto, hugepages, system"
+
+
+def _started_with(choice: str | None) -> list[str]:
+    """What a process that calls ``reexec_with_fast_malloc`` first sees, started without any allocator setting."""
+    code = ("import os; from layerscale_jax.runtime import reexec_with_fast_malloc as r; r(); "
+            "print(os.environ.get('LD_PRELOAD', ''), os.environ.get('GLIBC_TUNABLES', ''), sep='|'); "
+            "print(sum('tcmalloc' in line for line in open('/proc/self/maps')) > 0)")
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD", runtime.MALLOC_VARIABLE)}
+    if choice:
+        env[runtime.MALLOC_VARIABLE] = choice
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+
+
+@pytest.mark.skipif(runtime.tcmalloc_library() is None, reason="needs TCMalloc (libtcmalloc-minimal4)")
+def test_a_process_reexecutes_itself_once_with_tcmalloc_loaded():
+    assert _started_with(None) == [f"{runtime.tcmalloc_library()}|", "True"]
 
 
 @pytest.mark.skipif(not runtime.huge_page_malloc_supported(), reason="needs Linux, glibc >= 2.35 and THP")
 def test_a_process_reexecutes_itself_once_with_the_tunable():
-    code = ("import os; from layerscale_jax.runtime import reexec_with_huge_page_malloc as r; r(); "
-            "print('ran', os.environ['GLIBC_TUNABLES'])")
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", runtime.OPT_OUT_VARIABLE)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.splitlines() == ["ran glibc.malloc.hugetlb=1"]
+    assert _started_with("hugepages") == ["|glibc.malloc.hugetlb=1", "False"]
 
 
-@pytest.mark.skipif(not runtime.huge_page_malloc_supported(), reason="needs Linux, glibc >= 2.35 and THP")
-def test_opting_out_keeps_the_process_as_started():
-    code = ("import os; from layerscale_jax.runtime import reexec_with_huge_page_malloc as r; r(); "
-            "print('ran', os.environ.get('GLIBC_TUNABLES', ''))")
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    env[runtime.OPT_OUT_VARIABLE] = "0"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.splitlines() == ["ran "]
+def test_system_keeps_the_process_as_started():
+    assert _started_with("system") == ["|", "False"]
 
 
 def test_the_train_command_reaches_its_stop_handlers_before_importing_jax():

@@ -87,6 +87,15 @@ def test_the_machines_note_counts_runs_per_cpu_and_gives_the_load_range():
     assert sweep.machines_note([{"run_id": "old"}]) == ""
 
 
+def test_the_machines_note_names_cpu_generations_and_mallocs_where_recorded():
+    zen5 = {"cpu": "AMD EPYC", "cpu_family_model": "family 26 model 2", "load_average_start": [1.5, 0, 0]}
+    records = [{"machine": dict(zen5, malloc="tcmalloc")}, {"machine": dict(zen5, malloc="tcmalloc")},
+               {"machine": {"cpu": "AMD EPYC", "load_average_start": [2.0, 0, 0]}}]
+    assert sweep.machines_note(records) == (
+        "Trained on AMD EPYC, family 26 model 2 (2 runs), AMD EPYC (1 run); malloc tcmalloc (2 runs), not recorded "
+        "(1 run); 1-minute load at the runs' starts 1.50–2.00.")
+
+
 def test_the_compute_note_sums_cpu_time_and_counts_runs_that_only_have_wall_time():
     records = [{"cpu_seconds": 3600.0, "seconds": 4000.0}, {"cpu_seconds": 1800.0, "seconds": 9999.0},
                {"seconds": 1800.0}, {"run_id": "neither"}]

@@ -29,6 +29,9 @@ DTYPES, DEPTHS = ("float32", "bfloat16"), (12, 24, 48, 96)
 # The depth-ablation model (configs/digits_layerscale.py): 8×8×1 digits, patch 2, width 64, 4 heads.
 ABLATION = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=64, num_heads=4,
                 drop_path_rate=0.05, init_values="auto")
+# The depth ablation's converged protocol (experiments/depth_ablation.py, PROTOCOL_SIZING) at depth 48: width 32,
+# 2 heads, batch 64, scanned layers.
+SWEEP_STEP = StepSpec(batch=64, scan=True, overrides=dict(ABLATION, embed_dim=32, num_heads=2, depth=48))
 SMALL = dict(img_size=32, patch_size=4, in_chans=3, num_classes=10)     # the depth sweeps: 65 tokens, 10 classes
 ENTRIES: dict[str, tuple] = {}                                           # name → (function, columns, hidden)
 
@@ -235,7 +238,8 @@ def probe(spec: StepSpec = StepSpec(), steps: int = 3) -> dict:
         rows.append({"step_s": t, "minor_faults": r1.ru_minflt - r0.ru_minflt, "system_s": r1.ru_stime - r0.ru_stime,
                      "user_s": r1.ru_utime - r0.ru_utime})
     peak, xla = timing.rss_bytes(peak=True), compiled_memory(step.compiled)
-    return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "depth": step.cfg.depth, "remat": spec.remat,
+    return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "ld_preload": os.environ.get("LD_PRELOAD", ""),
+            "depth": step.cfg.depth, "remat": spec.remat,
             "xla_memory": xla, "xla_peak_bytes": xla["peak_bytes"], "rss_baseline_bytes": base,
             "rss_resident_before_steps_bytes": resident, "rss_peak_during_steps_bytes": peak,
             "rss_peak_including_compile_bytes": compile_peak, "rss_step_increase_bytes": peak - base,
@@ -278,19 +282,26 @@ def bench_pipeline(batch: int = 128, num_batches: int = 100, depth: int = 6) -> 
 
 @entry("page_faults")
 def bench_page_faults(spec: StepSpec = StepSpec(), rounds: int = 2) -> dict:
-    """``probe`` without and with glibc's huge-page malloc (``layerscale_jax.runtime``), fresh processes alternated
-    (off, on, off, on, ...); medians over all timed steps of each setting."""
-    settings = {"default_4k_pages": {"LAYERSCALE_JAX_HUGEPAGES": "0", "GLIBC_TUNABLES": ""},
-                "huge_page_malloc": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
+    """``probe`` with glibc's malloc as it starts (4 KiB pages), with its huge-page tunable, and with TCMalloc where
+    the system has it (``layerscale_jax.runtime``): fresh processes alternated (default, huge pages, TCMalloc,
+    default, ...); medians over all timed steps of each setting."""
+    from layerscale_jax.runtime import MALLOC_VARIABLE, TUNABLE, tcmalloc_library
+    plain = {MALLOC_VARIABLE: "system", "GLIBC_TUNABLES": "", "LD_PRELOAD": ""}
+    settings = {"default_4k_pages": plain, "huge_page_malloc": dict(plain, GLIBC_TUNABLES=TUNABLE)}
+    if tcmalloc := tcmalloc_library():
+        settings["tcmalloc"] = dict(plain, LD_PRELOAD=tcmalloc)
     runs = {name: [] for name in settings}
     for _ in range(rounds):
         for name, env in settings.items():
             runs[name].append(run_fresh(["probe", "--json", *spec_flags(spec)], 900, env=env))
     out = {"benchmark": "page_faults", "spec": spec.describe(), "rounds": rounds, "runs": runs,
-           **{name: medians([r for run in runs[name] for r in run.get("steps", [])]) for name in settings}}
-    a, b = out["default_4k_pages"], out["huge_page_malloc"]
-    if a["step_s"] and b["step_s"]:
-        out.update(speedup=a["step_s"] / b["step_s"], fault_ratio=a["minor_faults"] / max(b["minor_faults"], 1.0))
+           "tcmalloc_library": tcmalloc, **{name: medians([r for run in runs[name] for r in run.get("steps", [])])
+                                    for name in settings}}
+    base = out["default_4k_pages"]
+    for name, prefix in (("huge_page_malloc", ""), ("tcmalloc", "tcmalloc_")):
+        if name in settings and base["step_s"] and out[name]["step_s"]:
+            out.update({f"{prefix}speedup": base["step_s"] / out[name]["step_s"],
+                        f"{prefix}fault_ratio": base["minor_faults"] / max(out[name]["minor_faults"], 1.0)})
     return out
 
 
@@ -353,7 +364,7 @@ def run_all(quick: bool = False, only: tuple[str, ...] | None = None, max_load: 
         path.with_suffix(".tmp").replace(path)
 
     def record(name, fn):
-        if name.split("_deit3")[0] not in (only or SUITE):
+        if not any(name == e or name.startswith(f"{e}_") for e in (only or SUITE)):
             return
         t0 = time.time()
         while max_load is not None and time.time() - t0 < max_wait_s and os.getloadavg()[0] > max_load:
@@ -361,7 +372,7 @@ def run_all(quick: bool = False, only: tuple[str, ...] | None = None, max_load: 
         waited, load_before, t0 = time.time() - t0, timing.load_average(), time.time()
         try:
             r = fn()
-            display(name.split("_deit3")[0], r)
+            display(next(e for e in SUITE if name == e or name.startswith(f"{e}_")), r)
         except Exception as e:  # noqa: BLE001 - keep going, record the failure
             r = {"error": f"{type(e).__name__}: {e}"}
             print(f"{name}: error {r['error']}")
@@ -383,6 +394,7 @@ def run_all(quick: bool = False, only: tuple[str, ...] | None = None, max_load: 
            else bench_pipeline)
     record("xla_options", bench_xla_options)
     record("page_faults", bench_page_faults)
+    record("page_faults_ablation_depth48", lambda: bench_page_faults(SWEEP_STEP, rounds=3))
     record("trainer_step", bench_trainer_step)
     record("optimizer", lambda: trainer.bench_optimizer(str(REPO / trainer.DEFAULT_CONFIG), depths=depths))
     results.update(load_average_end=timing.load_average(), summary=summarize(results))

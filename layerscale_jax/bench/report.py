@@ -56,6 +56,15 @@ def show(result, columns: tuple = ()) -> None:
             print(f"  {reason}: {result[reason]}")
 
 
+
+def step_label(spec: dict) -> str:
+    """A ``StepSpec.describe()`` in a few words: the model, the overrides that set its size, batch, scan, remat."""
+    size = [f"{k}={v}" for k, v in spec.get("overrides", {}).items() if k in ("img_size", "embed_dim", "depth")]
+    return ", ".join([spec["model"] + (f" ({', '.join(size)})" if size else ""), f"batch {spec['batch']}",
+                      *["scanned"] * bool(spec.get("scan")),
+                      *[f"remat {spec['remat']}"] * (spec.get("remat", "none") != "none")])
+
+
 def report(*files: dict) -> str:
     """docs/performance.md's table (markdown) from one or more results files of ``all`` (e.g. one per CPU kind):
     each row names its CPU (from the row's or its entry's ``machine``, else the file's); a benchmark measured in
@@ -110,15 +119,19 @@ def _report_rows(results: dict, notes: list) -> tuple[list, str]:
             rss = "n/a" if q["rss"] is None else f"{q['rss']:.2f}×"
             row((e["memory"],), f"peak memory at depth 96, remat `{policy}` / none",
                 f"{q['xla_peak']:.2f}× (XLA plan), {rss} (RSS)", target="≤ 0.33×" if policy == "full" else "—")
-    sd, pl, pf, mm = (e.get(k, {}) for k in ("seeds", "pipeline", "page_faults", "matmul"))
+    sd, pl, mm = (e.get(k, {}) for k in ("seeds", "pipeline", "matmul"))
     if "speedup" in sd:
         row((sd,), f"{sd['num_seeds']} seeds in one vmapped step vs one after another", f"{sd['speedup']:.2f}×")
     if "pipeline_over_step" in pl:
         row((pl,), "digits input pipeline / ablation train step", f"{pl['pipeline_img_per_s']:,.0f} vs "
             f"{pl['train_step_img_per_s']:,.0f} img/s = {pl['pipeline_over_step']:.0f}×", target="> 1×")
-    if "speedup" in pf:
-        row((pf,), "huge-page malloc vs 4 KiB pages, DeiT III-S/16 step",
-            f"{pf['speedup']:.2f}× faster, {pf['fault_ratio']:.0f}× fewer page faults")
+    for pf in (v for k, v in sorted(e.items()) if k.startswith("page_faults") and "speedup" in v):
+        value = f"huge pages {pf['speedup']:.2f}× faster, {pf['fault_ratio']:.0f}× fewer page faults"
+        if "tcmalloc_speedup" in pf:
+            faults = pf["tcmalloc"]["minor_faults"]
+            value += f"; TCMalloc {pf['tcmalloc_speedup']:.2f}×, " + (
+                f"{pf['tcmalloc_fault_ratio']:.0f}× fewer" if faults >= 1 else "no page faults")
+        row((pf,), f"malloc vs glibc's 4 KiB pages, {step_label(pf['spec'])} step", value)
     if mm:
         row((mm,), "matmul peak (MFU denominator), 2048², float32 / bfloat16",
             f"{mm['float32']['flop_per_s'] / 1e9:.0f} / {mm['bfloat16']['flop_per_s'] / 1e9:.0f} GFLOP/s")

@@ -11,6 +11,7 @@ timm) loads this file for ``measure``, the memory readings and PyTorch's matmul 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
 import platform
@@ -120,13 +121,29 @@ def cpu_model() -> str:
         return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())
 
 
+def cpu_family_model() -> str | None:
+    """``family F model M`` from ``/proc/cpuinfo``: the CPU's generation, which its model name may not give (two
+    "AMD EPYC" machines: family 25 is Zen 3/4, family 26 Zen 5); None where the file does not say."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            fields = dict(ln.split(":", 1) for ln in itertools.takewhile(str.strip, f) if ":" in ln)
+    except OSError:
+        return None
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    return f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else None
+
+
 def machine_info() -> dict:
-    """What the numbers were measured on: host, CPU model, accelerator, versions, XLA flags, load average."""
+    """What the numbers were measured on: host, CPU model and generation, accelerator, versions, XLA flags, the
+    malloc (``runtime.malloc_in_use``), load average."""
     import flax
     import jax
     import optax
+
+    from layerscale_jax.runtime import malloc_in_use
     return {"hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
-            "cpu": cpu_model(), "cpu_threads": len(os.sched_getaffinity(0)), "backend": jax.default_backend(),
+            "cpu": cpu_model(), "cpu_family_model": cpu_family_model(), "malloc": malloc_in_use(),
+            "cpu_threads": len(os.sched_getaffinity(0)), "backend": jax.default_backend(),
             "device": jax.devices()[0].device_kind, "num_devices": jax.device_count(), "jax": jax.__version__,
             "flax": flax.__version__, "optax": optax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "load_average": load_average()}

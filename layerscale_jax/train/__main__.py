@@ -21,12 +21,12 @@ import os
 import sys
 import traceback
 
-from layerscale_jax.runtime import reexec_with_huge_page_malloc, stop_signals
+from layerscale_jax.runtime import reexec_with_fast_malloc, stop_signals
 
-# Before anything allocates: huge pages for XLA's per-step CPU buffers (see layerscale_jax/runtime.py). Then, before
-# the rest starts, the stop signals' handlers: a preemption notice during start-up is not lost.
+# Before anything allocates: a malloc that keeps XLA's per-step CPU buffers (see layerscale_jax/runtime.py). Then,
+# before the rest starts, the stop signals' handlers: a preemption notice during start-up is not lost.
 if __name__ == "__main__":
-    reexec_with_huge_page_malloc()
+    reexec_with_fast_malloc()
     stop_signals.install()
 
 from absl import flags  # noqa: E402
