@@ -930,19 +930,37 @@ def run_protocol(protocol: str, out: str, *, steps: int | None = None, columns=C
     return write_final_report(stage, rates, depths or DEPTHS, command, planned)
 
 
-def remaining_cpu_hours(missing: Sequence[RunSpec], records: Sequence[dict]) -> float | None:
-    """The CPU time ``missing`` runs will take, in hours: each run the mean ``cpu_seconds`` of the finished
-    ``records`` at its depth, or at a depth without one its depth × the finished runs' mean CPU time per block
-    (a run's cost grows about linearly with depth); None when no finished run has its CPU time."""
+MACHINE_KIND_KEYS = ("cpu", "cpu_family_model", "malloc")   # what a run's CPU time depends on, as records name it
+
+
+def this_machine_kind() -> dict:
+    """This machine's ``MACHINE_KIND_KEYS`` as ``sweep.run`` records them (``machine_info``), without starting JAX."""
+    from layerscale_jax.bench.timing import cpu_family_model, cpu_model
+    from layerscale_jax.runtime import malloc_in_use
+    return {"cpu": cpu_model(), "cpu_family_model": cpu_family_model(), "malloc": malloc_in_use()}
+
+
+def remaining_cpu_hours(missing: Sequence[RunSpec], records: Sequence[dict],
+                        machine: dict | None = None) -> tuple[float, int, bool] | None:
+    """The CPU time ``missing`` runs will take, in hours; how many finished runs it was estimated from; and whether
+    those ran on ``machine``'s kind. Each run
+    the mean ``cpu_seconds`` of the finished ``records`` at its depth, or at a depth without one its depth × the
+    finished runs' mean CPU time per block (a run's cost grows about linearly with depth). Where some finished runs
+    ran on ``machine``'s kind (``MACHINE_KIND_KEYS``: CPU, its generation, malloc), only those count. None when no
+    finished run has its CPU time."""
     measured = [r for r in records if "cpu_seconds" in r]
+    same_kind = [r for r in measured if machine and all(r.get("machine", {}).get(k) == machine[k]
+                                                         for k in MACHINE_KIND_KEYS)]
+    measured = same_kind or measured
     if not measured:
         return None
     by_depth = {}
     for r in measured:
         by_depth.setdefault(r["depth"], []).append(r["cpu_seconds"])
     per_block = sum(r["cpu_seconds"] / r["depth"] for r in measured) / len(measured)
-    return sum(sum(by_depth[s.depth]) / len(by_depth[s.depth]) if s.depth in by_depth else s.depth * per_block
-               for s in missing) / 3600
+    seconds = sum(sum(by_depth[s.depth]) / len(by_depth[s.depth]) if s.depth in by_depth else s.depth * per_block
+                  for s in missing)
+    return seconds / 3600, len(measured), bool(same_kind)
 
 
 def stage_status(protocol: str, out: str, columns=COLUMNS, depths=None, seeds=None, steps=None) -> str:
@@ -962,10 +980,14 @@ def stage_status(protocol: str, out: str, columns=COLUMNS, depths=None, seeds=No
     text = f"{protocol}: {len(specs) - len(missing)} of {len(specs)} runs finished"
     if missing:
         text += f"; next: {', '.join(s.run_id for s in missing[:3])}" + (" …" if len(missing) > 3 else "")
-        hours = remaining_cpu_hours(missing, records)
-        if hours is not None:
-            cores = len(os.sched_getaffinity(0))
-            text += (f"\nstill to train: ≈ {hours:.1f} CPU-hours by the finished runs' CPU time per depth "
+        machine = this_machine_kind()
+        estimate = remaining_cpu_hours(missing, records, machine)
+        if estimate is not None:
+            (hours, based_on, same_kind), cores = estimate, len(os.sched_getaffinity(0))
+            kind = ", ".join(str(machine[k]) for k in MACHINE_KIND_KEYS)
+            which = (f"the {based_on} finished runs on this machine's kind ({kind})" if same_kind
+                     else f"all {based_on} finished runs (none on this machine's kind: {kind})")
+            text += (f"\nstill to train: ≈ {hours:.1f} CPU-hours by the CPU time per depth of {which} "
                      f"(≈ {hours / cores:.1f} hours with one shard per core on this machine's {cores} cores)")
     return text
 

@@ -353,8 +353,20 @@ def test_the_remaining_cpu_time_is_the_finished_runs_mean_per_depth_or_linear_in
                {"depth": 48, "cpu_seconds": 480.0}, {"depth": 12, "seconds": 999.0}]      # the last: no CPU time
     missing = [da.RunSpec(d, "layerscale", True, 0, 1e-2, "final", 100) for d in (6, 48, 96)]
     # by hand: 45 s (mean at 6) + 480 s (at 48) + 96 × mean(40/6, 50/6, 480/48 = 10) = 96 × 8.333 = 800 s
-    assert da.remaining_cpu_hours(missing, records) == pytest.approx((45 + 480 + 800) / 3600)
+    hours, based_on, same_kind = da.remaining_cpu_hours(missing, records)
+    assert hours == pytest.approx((45 + 480 + 800) / 3600) and based_on == 3 and not same_kind
     assert da.remaining_cpu_hours(missing, records[3:]) is None
+
+
+def test_the_remaining_cpu_time_counts_only_runs_on_this_machines_kind_where_there_are_some():
+    zen5 = {"cpu": "AMD EPYC", "cpu_family_model": "family 26 model 2", "malloc": "tcmalloc"}
+    records = [{"depth": 48, "cpu_seconds": 960.0, "machine": {"cpu": "AMD EPYC"}},            # older: no kind
+               {"depth": 48, "cpu_seconds": 480.0, "machine": dict(zen5, load_average_start=[1, 1, 1])}]
+    missing = [da.RunSpec(d, "layerscale", True, 0, 1e-2, "final", 100) for d in (48, 96)]
+    # by hand, this kind only: 480 s at 48 + 96 × 480/48 = 960 s at 96
+    assert da.remaining_cpu_hours(missing, records, zen5) == (pytest.approx((480 + 960) / 3600), 1, True)
+    other = dict(zen5, malloc="glibc")
+    assert da.remaining_cpu_hours(missing, records, other) == (pytest.approx((720 + 1440) / 3600), 2, False)
 
 
 def test_status_prints_where_a_stage_stands_and_trains_nothing(tmp_path, capsys):
