@@ -675,7 +675,8 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
         if planned is not None and len(records) < planned:
             title = f"INCOMPLETE: {len(records)} of {planned} runs finished — {title}"
         head = (title + (f"\n\nCommand: `{command}`" if command else "") + f"\n\n{sweep.machines_note(records)} "
-                f"The final stage, both rate choices' runs together: {sweep.compute_note(every)}")
+                f"The final stage, both rate choices' runs together: {sweep.compute_note(every)} "
+                f"{cost_by_machine_kind(every)}".rstrip())
         paths[f"{which}/table"] = os.path.join(report_dir, "table.md")
         vp.write_ci_table(records, paths[f"{which}/table"], "Final test accuracy (%), " + head, layout(records))
         paths[f"{which}/comparisons"] = os.path.join(report_dir, "comparisons.md")
@@ -954,13 +955,42 @@ def remaining_cpu_hours(missing: Sequence[RunSpec], records: Sequence[dict],
     measured = same_kind or measured
     if not measured:
         return None
+    return _projected_cpu_seconds([s.depth for s in missing], measured) / 3600, len(measured), bool(same_kind)
+
+
+def _projected_cpu_seconds(depths: Sequence[int], measured: Sequence[dict]) -> float:
+    """Runs at ``depths``, each at the mean ``cpu_seconds`` of the ``measured`` records at its depth, or at a depth
+    without one its depth × their mean CPU time per block."""
     by_depth = {}
     for r in measured:
         by_depth.setdefault(r["depth"], []).append(r["cpu_seconds"])
     per_block = sum(r["cpu_seconds"] / r["depth"] for r in measured) / len(measured)
-    seconds = sum(sum(by_depth[s.depth]) / len(by_depth[s.depth]) if s.depth in by_depth else s.depth * per_block
-                  for s in missing)
-    return seconds / 3600, len(measured), bool(same_kind)
+    return sum(sum(by_depth[d]) / len(by_depth[d]) if d in by_depth else d * per_block for d in depths)
+
+
+def cost_by_machine_kind(records: Sequence[dict], cores: int = 2) -> str:
+    """What all of ``records`` would cost on one machine kind (``MACHINE_KIND_KEYS``): for each kind whose runs
+    cover every depth of ``records``, every run at that kind's mean CPU time at its depth, in CPU-hours and in hours
+    of a ``cores``-core machine running one shard per core. The sum over the runs' own machines
+    (``sweep.compute_note``) mixes CPU generations and mallocs; this says what the grid costs on each of them.
+    "" when no kind ran every depth."""
+    kinds = {}
+    for r in records:
+        if "cpu_seconds" in r:
+            kinds.setdefault(tuple(r.get("machine", {}).get(k) for k in MACHINE_KIND_KEYS), []).append(r)
+    depths = sorted({r["depth"] for r in records})
+    parts = []
+    for (cpu, generation, malloc), runs in sorted(kinds.items(), key=lambda kind: -len(kind[1])):
+        if sorted({r["depth"] for r in runs}) != depths:
+            continue
+        hours = _projected_cpu_seconds([r["depth"] for r in records], runs) / 3600
+        name = ", ".join(filter(None, (cpu or "unknown CPU", generation))) + f", malloc {malloc or 'not recorded'}"
+        parts.append(f"{name} (from its {len(runs)} runs): {hours:.1f} CPU-hours, ≈ {hours / cores:.1f} hours of "
+                     f"{cores} cores with one shard per core")
+    if not parts:
+        return ""
+    return (f"All {len(records)} runs on one machine kind, each at that kind's mean CPU time at its depth: "
+            + "; ".join(parts) + ".")
 
 
 def stage_status(protocol: str, out: str, columns=COLUMNS, depths=None, seeds=None, steps=None) -> str:

@@ -369,6 +369,26 @@ def test_the_remaining_cpu_time_counts_only_runs_on_this_machines_kind_where_the
     assert da.remaining_cpu_hours(missing, records, other) == (pytest.approx((720 + 1440) / 3600), 2, False)
 
 
+def test_the_cost_on_one_machine_kind_projects_every_run_onto_each_kind_that_ran_every_depth():
+    zen5 = {"cpu": "AMD EPYC", "cpu_family_model": "family 26 model 2", "malloc": "tcmalloc"}
+    records = [{"depth": 6, "cpu_seconds": 100.0, "machine": {"cpu": "AMD EPYC"}},
+               {"depth": 96, "cpu_seconds": 1600.0, "machine": {"cpu": "AMD EPYC"}},
+               {"depth": 96, "cpu_seconds": 2000.0, "machine": {"cpu": "AMD EPYC"}},
+               {"depth": 6, "cpu_seconds": 40.0, "machine": zen5},
+               {"depth": 96, "cpu_seconds": 720.0, "machine": zen5},
+               {"depth": 96, "cpu_seconds": 500.0, "machine": {"cpu": "Intel Xeon", "malloc": "tcmalloc"}},
+               {"depth": 6, "seconds": 30.0, "machine": zen5}]                  # no CPU time: not measured
+    # by hand, all 7 runs (three at depth 6, four at 96): the older EPYC 3·100 + 4·1800 = 7,500 s; Zen 5
+    # 3·40 + 4·720 = 3,000 s; the Xeon ran no depth-6 run, so it projects nothing
+    assert da.cost_by_machine_kind(records) == (
+        "All 7 runs on one machine kind, each at that kind's mean CPU time at its depth: "
+        f"AMD EPYC, malloc not recorded (from its 3 runs): {7500 / 3600:.1f} CPU-hours, ≈ {3750 / 3600:.1f} hours "
+        "of 2 cores with one shard per core; "
+        f"AMD EPYC, family 26 model 2, malloc tcmalloc (from its 2 runs): {3000 / 3600:.1f} CPU-hours, "
+        f"≈ {1500 / 3600:.1f} hours of 2 cores with one shard per core.")
+    assert da.cost_by_machine_kind(records[5:]) == ""
+
+
 def test_status_prints_where_a_stage_stands_and_trains_nothing(tmp_path, capsys):
     da.main(["--protocol", "rates", "--status", "--out", str(tmp_path)])
     assert "Rate sweep: 0 runs finished, 40 of 40 cells still need runs." in capsys.readouterr().out
