@@ -643,10 +643,38 @@ def write_rates_report(out: str, validation_images: int, columns=COLUMNS, depths
                                         "val acc at best (%)", "lead over next-best rate (points)",
                                         "diverged runs"], rows)
                 + "\nOne rate for all depths (highest mean validation accuracy over the depths, a diverged run "
-                  "counting 0):\n\n" + sweep.markdown_table(["column", "rate"], one))
+                  "counting 0):\n\n" + sweep.markdown_table(["column", "rate"], one)
+                + divergence_by_rate(records, sorted(depths)[-2:]))
     sweep.write_csv(sorted(records, key=lambda r: (r["depth"], r["scheme"], not r["warmup"], r["learning_rate"])),
                     os.path.join(out, "results.csv"), RATE_CSV_FIELDS)
     return {"rates": os.path.join(out, "rates.json"), "rates_md": os.path.join(out, "rates.md")}
+
+
+NORMALISATION_FREE = ("rezero", "skipinit")     # the schemes without the blocks' LayerNorm (``SCHEMES``)
+
+
+def divergence_by_rate(records: Sequence[dict], depths: Sequence[int]) -> str:
+    """Per swept rate, the diverged runs at ``depths`` of the columns that keep the blocks' LayerNorm against those
+    that remove it (``NORMALISATION_FREE``, with and without warm-up), with Fisher's exact test on the counts — a
+    description of the sweep's runs written after they were seen (one seed, cells of several columns and depths
+    pooled), not one of the claims fixed before the final runs; "" without runs at ``depths``."""
+    rows = []
+    for lr in sorted({r["learning_rate"] for r in records}):
+        at = [r for r in records if math.isclose(r["learning_rate"], lr) and r["depth"] in depths]
+        kept = [r["diverged"] for r in at if r["scheme"] not in NORMALISATION_FREE]
+        free = [r["diverged"] for r in at if r["scheme"] in NORMALISATION_FREE]
+        if not kept or not free:
+            continue
+        p = cait_claims.fisher_divergence(sum(free), len(free), sum(kept), len(kept)) if any(kept + free) else 1.0
+        rows.append([f"{lr:g}", f"{sum(kept)}/{len(kept)}", f"{sum(free)}/{len(free)}", f"{p:.3g}"])
+    if not rows:
+        return ""
+    return (f"\nDiverged runs per rate at depth {' and '.join(str(d) for d in depths)}, LayerNorm kept "
+            f"(`none`, `layerscale`, `layerscale_eps0.1`, `scalar`) against removed (`rezero`, `skipinit`, with "
+            f"and without warm-up), Fisher's exact test (two-sided). Post hoc: a description of these runs written "
+            f"after they were seen (seed 0; columns and depths pooled), not one of the claims fixed before the "
+            f"final runs.\n\n" + sweep.markdown_table(["rate", "LayerNorm kept: diverged/runs",
+                                                        "removed: diverged/runs", "Fisher p"], rows))
 
 
 RATE_CSV_FIELDS = ("depth", "scheme", "warmup", "learning_rate", "seed", "final_val_accuracy", "diverged",

@@ -331,6 +331,21 @@ def test_rates_md_marks_a_choice_whose_lead_is_below_the_binomial_standard_error
     assert "| layerscale | 48 | 0.001 … 0.005 (3) | 0.002 | yes | 98.0 | 0.5 (< SE) | 1 |" in text
 
 
+def test_divergence_by_rate_counts_layernorm_kept_against_removed_at_the_deep_depths_with_fishers_test():
+    runs = [("none", 48, 2e-2, False), ("layerscale", 96, 2e-2, False), ("scalar", 96, 2e-2, True),
+            ("rezero", 48, 2e-2, True), ("skipinit", 96, 2e-2, True), ("skipinit", 96, 1e-2, False),
+            ("layerscale", 96, 1e-2, False), ("rezero", 12, 2e-2, False),        # depth 12: not counted
+            ("none", 48, 1e-3, False)]                                          # no LayerNorm-free run at 1e-3
+    records = [dict(fake_record(depth=d, lr=lr, diverged=div), scheme=scheme) for scheme, d, lr, div in runs]
+    text = da.divergence_by_rate(records, (48, 96))
+    # by hand, 2e-2: kept 1 of 3 diverged, removed 2 of 2; 3 of the 5 runs diverged, X of them among the 2 removed:
+    # P(X=2) = C(3,2)·C(2,0)/C(5,2) = 3/10 (observed), P(X=1) = 6/10, P(X=0) = 1/10; two-sided p sums the tables
+    # no likelier than the observed one: 3/10 + 1/10 = 0.4
+    assert "| 0.02 | 1/3 | 2/2 | 0.4 |" in text
+    assert "| 0.01 | 0/1 | 0/1 | 1 |" in text and "| 0.001 |" not in text
+    assert da.divergence_by_rate(records, (24,)) == ""
+
+
 def test_the_rate_status_shows_each_cells_finished_rates_and_what_it_still_needs():
     start = (1e-3, 2e-3, 5e-3)
     records = [fake_record(depth=12, lr=lr, acc=a) for lr, a in {1e-3: .5, 2e-3: .9, 5e-3: .6}.items()]
