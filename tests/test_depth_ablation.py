@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import re
 import sys
 
 import pytest
@@ -188,26 +189,38 @@ def test_a_table_never_averages_learning_rates_and_per_scheme_rates_report_apart
     assert "| 1 | 50.0 |" in table
 
 
-def test_readme_depth_ablation_table_quotes_the_committed_tables():
-    """README's numbers are the committed early grid's ``table_ci.md`` (a rerun that changes them must update the
-    README)."""
-    results = os.path.join(da.ROOT, "experiments", "results", "depth_ablation")
+def _differences(text: str) -> list[tuple[float, ...]]:
+    """Every "difference [low, high]" in ``text`` (claims.md writes "+0.23 [-1.38, +1.83]", the write-ups
+    "+0.23 [−1.38, 1.83]"), and every end of a range "a … b", as floats."""
+    text = text.replace("−", "-")
+    number = r"([+-]?\d+\.\d+)"
+    found = [tuple(map(float, m)) for m in re.findall(rf"{number} \[{number}, {number}\]", text)]
+    return found + [(float(x),) for pair in re.findall(rf"{number} … {number}", text) for x in pair]
 
-    def cells(path):          # {(column, depth): cell} of a committed table.md
-        lines = [ln for ln in open(path).read().splitlines() if ln.startswith("| ")]
-        header = [h.strip() for h in lines[0].split("|")[1:-1]]
-        return {(h, row[0]): v for ln in lines[1:] for row in [[c.strip() for c in ln.split("|")[1:-1]]]
-                for h, v in zip(header[1:], row[1:])}
-    shared = cells(os.path.join(results, "table_ci.md"))
-    readme = open(os.path.join(da.ROOT, "README.md")).read().split("## Depth ablation", 1)[1].split("\n## ", 1)[0]
-    rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in readme.splitlines() if ln.startswith("| `")]
-    columns = {"`none` (pre-norm)": "none", "`layerscale` (CaiT ε)": "layerscale",
-               "`layerscale`, ε = 0.1": "layerscale_eps0.1", "`scalar`": "scalar", "`rezero`": "rezero",
-               "`skipinit`": "skipinit"}
-    assert [r[0] for r in rows] == list(columns)
-    for label, *values in rows:
-        scheme = columns[label]
-        assert values == [shared[(scheme, d)] for d in ("6", "12", "24", "48", "96")], label
+
+@pytest.mark.parametrize("path", ["README.md", "experiments/README.md"])
+def test_the_write_ups_verdicts_quote_the_committed_claims(path):
+    """The verdict tables of README's Depth ablation and experiments/README's Results are the committed final
+    claims.md of each rate choice: each claim's verdict, and every difference, interval and range end they quote is
+    one of that claim's comparisons (a rerun that changes claims.md must update the write-ups)."""
+    final = os.path.join(da.ROOT, "experiments", "results", "depth_ablation_converged", "final")
+    rows = [[c.strip() for c in ln.split("|")[1:-1]]
+            for ln in open(os.path.join(da.ROOT, path)).read().splitlines() if re.match(r"\| \d[ab]?\. ", ln)]
+    assert [r[0].split(".")[0] for r in rows] in (["1", "2", "3", "4", "5", "6"], ["1", "2", "3", "4a", "4b", "5", "6"])
+    for column, choice in ((1, "per_depth"), (2, "one_rate")):
+        claims = open(os.path.join(final, choice, "claims.md")).read()
+        verdicts = dict(re.findall(r"^\| (\d[ab]?)\. .*\| \*\*(.+?)\*\* \|$", claims, re.M))
+        sections = dict(re.findall(r"^### Claim (\d[ab]?):.*?\n(.*?)(?=^### |\Z)", claims, re.M | re.S))
+        for row in rows:
+            number = row[0].split(".")[0]
+            parts = [k for k in verdicts if k == number or k[:-1] == number]
+            reproduced = {verdicts[k] == "reproduced" for k in parts}
+            assert len(reproduced) == 1 and row[column].startswith("**reproduced**") == reproduced.pop(), row
+            quoted = _differences(row[column])
+            assert quoted, row
+            tests = [d for k in parts for d in _differences(sections[k].split("| outcome |")[1])]
+            for difference in quoted:
+                assert any(d[:len(difference)] == difference for d in tests), (path, choice, row[0], difference)
 
 
 def test_the_committed_tables_are_what_the_committed_run_records_give(tmp_path):
