@@ -669,9 +669,13 @@ def divergence_by_rate(records: Sequence[dict], depths: Sequence[int]) -> str:
         rows.append([f"{lr:g}", f"{sum(kept)}/{len(kept)}", f"{sum(free)}/{len(free)}", f"{p:.3g}"])
     if not rows:
         return ""
+    present = {r["scheme"] for r in records}
+
+    def names(free):
+        return ", ".join(f"`{s.name}`" for s in SCHEMES if s.name in present and (s.name in NORMALISATION_FREE) == free)
     return (f"\nDiverged runs per rate at depth {' and '.join(str(d) for d in depths)}, LayerNorm kept "
-            f"(`none`, `layerscale`, `layerscale_eps0.1`, `scalar`) against removed (`rezero`, `skipinit`, with "
-            f"and without warm-up), Fisher's exact test (two-sided). Post hoc: a description of these runs written "
+            f"({names(False)}) against removed ({names(True)}, with and without warm-up), Fisher's exact test "
+            f"(two-sided). Post hoc: a description of these runs written "
             f"after they were seen (seed 0; columns and depths pooled), not one of the claims fixed before the "
             f"final runs.\n\n" + sweep.markdown_table(["rate", "LayerNorm kept: diverged/runs",
                                                         "removed: diverged/runs", "Fisher p"], rows))
