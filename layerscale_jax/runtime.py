@@ -107,7 +107,9 @@ def reexec_with_fast_malloc() -> None:
 
 class StopSignals:
     """SIGTERM (a scheduler's preemption notice) and SIGINT (Ctrl-C) ask the job to stop; a second Ctrl-C raises
-    ``KeyboardInterrupt`` at once.
+    ``KeyboardInterrupt`` at once. Python drops an exception raised where it cannot propagate (a garbage-collector
+    callback such as JAX's ``_xla_gc_callback``, a ``__del__``, a weakref callback: "Exception ignored in ...");
+    a second Ctrl-C that landed there raises again at the next sync point.
 
     The job asks ``reached_sync_point(step)`` before each step (the train loop after every step, and once, through
     ``stopped_before``, before its first step) and stops where it answers True: every process of the job answers
@@ -131,6 +133,7 @@ class StopSignals:
         self._previous: dict = {}                 # the handlers ours replaced
         self._installs: list[bool] = []           # per ``with``: whether it installed the handlers
         self._passed_to_jax = False
+        self._interrupted = False                 # a second Ctrl-C came (its KeyboardInterrupt may have been dropped)
 
     def install(self) -> bool:
         """Handle the stop signals from now on (in the main thread only); False when already installed or not
@@ -145,6 +148,7 @@ class StopSignals:
             self.uninstall()
             return False
         self.received = None
+        self._interrupted = False
         return True
 
     def uninstall(self) -> None:
@@ -163,6 +167,7 @@ class StopSignals:
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self.received is not None and signum == signal.SIGINT:
+            self._interrupted = True
             raise KeyboardInterrupt
         if self.received is None:
             self.received = name
@@ -179,7 +184,10 @@ class StopSignals:
             signal.raise_signal(signal.SIGTERM)   # JAX's notifier owns SIGTERM now
 
     def reached_sync_point(self, step: int) -> bool:
-        """Whether every process stops before ``step`` (see the class docstring). Ask at every step, in order."""
+        """Whether every process stops before ``step`` (see the class docstring). Ask at every step, in order.
+        Raises ``KeyboardInterrupt`` after a second Ctrl-C whose own raise Python dropped."""
+        if self._interrupted:
+            raise KeyboardInterrupt
         if _jax_sync_point_available():
             self.pass_to_jax()
             from jax.experimental import multihost_utils

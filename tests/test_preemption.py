@@ -7,6 +7,7 @@ stopped between two logging steps logs the same records as an uninterrupted run.
 before each compilation, and the first compilation after the state's ``init_fn`` is the train step's.
 """
 import contextlib
+import gc
 import os
 import re
 import signal
@@ -208,3 +209,28 @@ def test_one_process_stops_at_its_next_sync_point_after_a_signal_and_a_second_ct
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")   # the dropped one, as intended
+def test_a_second_ctrl_c_that_python_dropped_in_a_gc_callback_interrupts_at_the_next_sync_point():
+    """The CI failure of 2026-12-03: the second Ctrl-C's KeyboardInterrupt was raised inside JAX's
+    ``_xla_gc_callback``, where Python prints "Exception ignored" and goes on; the run then finished its step and
+    saved instead of stopping at once."""
+    stop_signals = StopSignals()
+
+    def ctrl_c_during_collection(phase, info):
+        if phase == "start":
+            signal.raise_signal(signal.SIGINT)
+
+    with stop_signals:
+        signal.raise_signal(signal.SIGINT)
+        assert stop_signals.received == "SIGINT"
+        gc.callbacks.append(ctrl_c_during_collection)
+        try:
+            gc.collect()                                 # the KeyboardInterrupt is dropped here, not raised
+        finally:
+            gc.callbacks.remove(ctrl_c_during_collection)
+        with pytest.raises(KeyboardInterrupt):
+            stop_signals.reached_sync_point(2)
+    with stop_signals:                                   # a new run starts without the old interrupt
+        assert not stop_signals.reached_sync_point(1)
