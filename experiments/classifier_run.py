@@ -38,7 +38,8 @@ def _evaluate(trainer, params, config, mesh, prefix: str) -> dict[str, float]:
 
 def train_classifier(config) -> dict:
     """Train ``config`` (its ``train.steps``, ``eval_every``, ``log_every``, ``seed``; ``data.train_split`` and
-    ``data.eval_split``) and return the record's results: ``train_split``, ``eval_split``, ``final_<p>_accuracy``,
+    ``data.eval_split``; ``train.stop_after_steps`` > 0 ends the run after that many steps of the ``train.steps``
+    schedule, with an evaluation there) and return the record's results: ``train_split``, ``eval_split``, ``final_<p>_accuracy``,
     ``best_<p>_accuracy`` (``p``: ``test`` or ``val``, ``metric_prefix``), ``final_train_loss`` (NaN if diverged),
     ``diverged``, ``diverged_at_step``, ``steps``, ``seconds``, ``timing`` (setup, first step, per step,
     evaluations), ``train_loss_curve`` ([step, loss] pairs) and ``evaluations`` (dicts with ``step``)."""
@@ -70,14 +71,15 @@ def train_classifier(config) -> dict:
     batch = first
     setup_seconds = time.time() - start
     eval_seconds, first_step_seconds = 0.0, None
-    while step < config.train.steps:
+    last_step = min(config.train.steps, config.train.stop_after_steps or config.train.steps)
+    while step < last_step:
         state, metrics = trainer.train_step(state, batch)
         step += 1
         if step == 1:
             jax.block_until_ready(metrics)
             first_step_seconds = time.time() - start - setup_seconds
         pending.append(metrics)
-        if step % config.train.log_every == 0 or step == config.train.steps:
+        if step % config.train.log_every == 0 or step == last_step:
             fetched = jax.device_get(pending)
             pending = []
             bad = [i for i, m in enumerate(fetched) if not m["finite"]]
@@ -85,7 +87,7 @@ def train_classifier(config) -> dict:
                 diverged, diverged_at = True, step - len(fetched) + bad[0] + 1
             finite = [float(m["train_loss"]) for m in fetched if m["finite"]]
             train_loss.append((step, float(np.mean(finite)) if finite else float("nan")))
-        is_eval = step % config.train.eval_every == 0 or step == config.train.steps or diverged
+        is_eval = step % config.train.eval_every == 0 or step == last_step or diverged
         if is_eval:
             eval_start = time.time()
             evaluation = _evaluate(trainer, state["params"], config, mesh, prefix)
