@@ -40,9 +40,10 @@ def train_classifier(config) -> dict:
     """Train ``config`` (its ``train.steps``, ``eval_every``, ``log_every``, ``seed``; ``data.train_split`` and
     ``data.eval_split``; ``train.stop_after_steps`` > 0 ends the run after that many steps of the ``train.steps``
     schedule, with an evaluation there) and return the record's results: ``train_split``, ``eval_split``,
-    ``final_<p>_accuracy``, ``best_<p>_accuracy`` (``p``: ``test`` or ``val``, ``metric_prefix``), ``final_train_loss`` (NaN if diverged),
-    ``diverged``, ``diverged_at_step``, ``steps``, ``seconds``, ``timing`` (setup, first step, per step,
-    evaluations), ``train_loss_curve`` ([step, loss] pairs) and ``evaluations`` (dicts with ``step``)."""
+    ``final_<p>_accuracy``, ``best_<p>_accuracy`` (``p``: ``test`` or ``val``, ``metric_prefix``),
+    ``final_train_loss`` (NaN if diverged), ``diverged``, ``diverged_at_step``, ``steps``, ``seconds``, ``timing``
+    (setup, first step, per step, evaluations), ``train_loss_curve`` ([step, loss] pairs) and ``evaluations``
+    (dicts with ``step``)."""
     import jax
     import numpy as np
 

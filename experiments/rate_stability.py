@@ -42,8 +42,8 @@ NORM_FREE = (("rezero", True), ("rezero", False), ("skipinit", True), ("skipinit
 NORM_KEPT = (("none", True), ("layerscale", True))
 ALPHA = 0.05
 
-_DEPTHS_TEXT = " and ".join(str(d) for d in DEPTHS)
-PREREGISTRATION = f"""# Pre-registration: LayerNorm-free blocks diverge more often at rate {RATE:g}, depths {_DEPTHS_TEXT}
+_TITLE = f"LayerNorm-free blocks diverge more often at rate {RATE:g}, depths {' and '.join(str(d) for d in DEPTHS)}"
+PREREGISTRATION = f"""# Pre-registration: {_TITLE}
 
 Fixed before the first run of this test (`experiments/rate_stability.py`, committed with this text).
 
