@@ -1,0 +1,81 @@
+"""The pre-registered rate-stability test (experiments/rate_stability.py): its runs are what the committed
+pre-registration says, its statistic matches a hand computation, and a run cut after N steps of a longer schedule is
+the first N steps of the uncut run."""
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
+import depth_ablation as da  # noqa: E402
+import rate_stability as rs  # noqa: E402
+
+
+def test_the_committed_preregistration_is_the_drivers_text():
+    with open(os.path.join(rs.OUT, "preregistration.md")) as f:
+        assert f.read() == rs.PREREGISTRATION
+
+
+def test_the_runs_are_the_preregistered_ones_on_new_seeds_and_each_shard_has_both_groups():
+    specs = rs.specs()
+    assert len(specs) == len({s.run_id for s in specs}) == 36
+    free = [s for s in specs if (s.scheme, s.warmup) in rs.NORM_FREE]
+    assert len(free) == 24 and {s.scheme for s in free} == set(da.NORMALISATION_FREE)
+    assert {(s.scheme, s.warmup) for s in specs if s not in free} == {("none", True), ("layerscale", True)}
+    assert {s.seed for s in specs} == {1, 2, 3}                       # seed 0 was the observation's
+    assert {(s.learning_rate, s.depth, s.steps, s.protocol) for s in specs} == {(2e-2, 48, 2000, "rates"),
+                                                                                 (2e-2, 96, 2000, "rates")}
+    for which in ("1/2", "2/2"):
+        mine = rs.sweep.shard(specs, which)
+        kept = [s for s in mine if (s.scheme, s.warmup) in rs.NORM_KEPT]
+        assert len(kept) == 6 and {(s.seed, s.depth) for s in kept} == {(k, d) for k in (1, 2, 3) for d in (48, 96)}
+
+
+def test_the_one_sided_fisher_p_is_the_hypergeometric_tail():
+    # 3 of 4 against 0 of 2: the tail P(X >= 3) with 3 diverged among 6 runs, 4 of them in A: C(4,3)C(2,0)/C(6,3)
+    assert rs.one_sided_fisher(3, 4, 0, 2) == pytest.approx(4 / 20)
+    # all 24 against none of 12: one table of C(36, 12) is as extreme
+    assert rs.one_sided_fisher(24, 24, 0, 12) == pytest.approx(1 / math.comb(36, 12))
+    assert rs.one_sided_fisher(0, 24, 12, 12) == pytest.approx(1.0)       # the other direction is no evidence
+
+
+def _record(spec, diverged):
+    return {"run_id": spec.run_id, "scheme": spec.scheme, "warmup": spec.warmup, "depth": spec.depth,
+            "seed": spec.seed, "diverged": diverged, "diverged_at_step": 100 if diverged else None,
+            "steps": 100 if diverged else rs.STOP_AFTER, "final_val_accuracy": 0.1 if diverged else 0.9}
+
+
+def test_the_decision_waits_for_every_run_and_follows_the_preregistered_rule():
+    specs = rs.specs()
+    free = lambda s: (s.scheme, s.warmup) in rs.NORM_FREE            # noqa: E731
+    assert rs.verdict([_record(s, free(s)) for s in specs[:12]])["decision"] == "not decided: runs missing"
+    confirmed = rs.verdict([_record(s, free(s)) for s in specs])
+    assert confirmed["decision"] == "confirmed" and confirmed["free"] == (24, 24) and confirmed["kept"] == (0, 12)
+    # 4 of 24 against 0 of 12: the tail with 4 diverged among 36 runs, 24 in A: P(X = 4) = C(24,4)/C(36,4) ≈ 0.18
+    few = set(sorted(s.run_id for s in specs if free(s))[:4])
+    weak = rs.verdict([_record(s, s.run_id in few) for s in specs])
+    assert weak["p"] == pytest.approx(math.comb(24, 4) / math.comb(36, 4))
+    assert weak["decision"] == ("confirmed" if weak["p"] < rs.ALPHA else "not confirmed") == "not confirmed"
+
+
+def test_the_report_counts_every_cell_and_names_the_decision(tmp_path):
+    os.makedirs(tmp_path / "runs")
+    for spec in rs.specs():
+        rs.sweep.write_json_atomically(rs.sweep.record_path(str(tmp_path), spec.run_id),
+                                       _record(spec, (spec.scheme, spec.warmup) in rs.NORM_FREE))
+    text = rs.write_report(str(tmp_path), command="pytest")
+    assert "**confirmed** — 36 of 36 runs finished" in text
+    assert "without LayerNorm 24/24, with it 0/12" in text
+    assert text.count("| 3/3 | 100, 100, 100 |") == 8 and text.count("| 0/3 | — |") == 4
+
+
+def test_a_run_cut_after_n_steps_is_the_first_n_steps_of_the_whole_schedule():
+    tiny = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=8, evals=2, log_every=2)
+    spec = da.RunSpec(1, "layerscale", True, 0, 5e-3, "rates", 8)
+    whole = da.train_run(spec, tiny)
+    cut = da.train_run(spec, tiny, overrides={"train.stop_after_steps": 4})
+    assert cut["steps"] == 4 and cut["warmup_steps"] == whole["warmup_steps"] == 1   # the 8-step schedule's warm-up
+    assert cut["train_loss_curve"] == whole["train_loss_curve"][:2]
+    assert [e["step"] for e in cut["evaluations"]] == [0, 4]
+    assert cut["evaluations"][-1]["val_accuracy"] == whole["evaluations"][1]["val_accuracy"]
