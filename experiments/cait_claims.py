@@ -125,10 +125,12 @@ def welch_difference(a: Sequence[float], b: Sequence[float], confidence: float =
     return Difference(d, d - half, d + half, test.t, test.dof, test.p)
 
 
-def fisher_divergence(diverged_a: int, n_a: int, diverged_b: int, n_b: int) -> float:
-    """Two-sided p of Fisher's exact test that A and B diverge equally often."""
+def fisher_divergence(diverged_a: int, n_a: int, diverged_b: int, n_b: int, alternative: str = "two-sided") -> float:
+    """p of Fisher's exact test that A and B diverge equally often; ``alternative="greater"``: one-sided, against
+    A diverging more often."""
     from scipy import stats
-    return float(stats.fisher_exact([[diverged_a, n_a - diverged_a], [diverged_b, n_b - diverged_b]]).pvalue)
+    table = [[diverged_a, n_a - diverged_a], [diverged_b, n_b - diverged_b]]
+    return float(stats.fisher_exact(table, alternative=alternative).pvalue)
 
 
 @dataclasses.dataclass

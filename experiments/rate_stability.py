@@ -29,6 +29,7 @@ import sys
 from collections.abc import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cait_claims  # noqa: E402  (Fisher's exact test on divergence counts)
 import depth_ablation as da  # noqa: E402  (the rate stage's runs: config, training, records)
 import sweep  # noqa: E402  (records, resume, shards, machines)
 
@@ -90,18 +91,12 @@ def norm_free(record: dict) -> bool:
     return (record["scheme"], record["warmup"]) in NORM_FREE
 
 
-def one_sided_fisher(diverged_a: int, n_a: int, diverged_b: int, n_b: int) -> float:
-    """p of Fisher's exact test that A diverges more often than B (alternative ``greater`` on A's odds)."""
-    from scipy import stats
-    table = [[diverged_a, n_a - diverged_a], [diverged_b, n_b - diverged_b]]
-    return float(stats.fisher_exact(table, alternative="greater").pvalue)
-
-
 def verdict(records: Sequence[dict]) -> dict:
     """Counts, p and the pre-registered decision over ``records`` (this test's runs)."""
     free = [r["diverged"] for r in records if norm_free(r)]
     kept = [r["diverged"] for r in records if not norm_free(r)]
-    p = one_sided_fisher(sum(free), len(free), sum(kept), len(kept)) if free and kept else float("nan")
+    p = (cait_claims.fisher_divergence(sum(free), len(free), sum(kept), len(kept), alternative="greater")
+         if free and kept else float("nan"))
     complete = len(records) == len(specs())
     decision = ("confirmed" if p < ALPHA else "not confirmed") if complete else "not decided: runs missing"
     return {"free": (sum(free), len(free)), "kept": (sum(kept), len(kept)), "p": p, "complete": complete,

@@ -33,11 +33,12 @@ def test_the_runs_are_the_preregistered_ones_on_new_seeds_and_each_shard_has_bot
 
 
 def test_the_one_sided_fisher_p_is_the_hypergeometric_tail():
+    fisher = rs.cait_claims.fisher_divergence
     # 3 of 4 against 0 of 2: the tail P(X >= 3) with 3 diverged among 6 runs, 4 of them in A: C(4,3)C(2,0)/C(6,3)
-    assert rs.one_sided_fisher(3, 4, 0, 2) == pytest.approx(4 / 20)
+    assert fisher(3, 4, 0, 2, "greater") == pytest.approx(4 / 20)
     # all 24 against none of 12: one table of C(36, 12) is as extreme
-    assert rs.one_sided_fisher(24, 24, 0, 12) == pytest.approx(1 / math.comb(36, 12))
-    assert rs.one_sided_fisher(0, 24, 12, 12) == pytest.approx(1.0)       # the other direction is no evidence
+    assert fisher(24, 24, 0, 12, "greater") == pytest.approx(1 / math.comb(36, 12))
+    assert fisher(0, 24, 12, 12, "greater") == pytest.approx(1.0)   # the other way round
 
 
 def _record(spec, diverged):
