@@ -677,7 +677,8 @@ def divergence_by_rate(records: Sequence[dict], depths: Sequence[int]) -> str:
             f"({names(False)}) against removed ({names(True)}, with and without warm-up), Fisher's exact test "
             f"(two-sided). Post hoc: a description of these runs written "
             f"after they were seen (seed 0; columns and depths pooled), not one of the claims fixed before the "
-            f"final runs.\n\n" + sweep.markdown_table(["rate", "LayerNorm kept: diverged/runs",
+            f"final runs; tested since on new seeds by a pre-registered rule: "
+            f"[rate_stability/report.md](../../rate_stability/report.md).\n\n" + sweep.markdown_table(["rate", "LayerNorm kept: diverged/runs",
                                                         "removed: diverged/runs", "Fisher p"], rows))
 
 
