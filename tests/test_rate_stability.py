@@ -80,3 +80,18 @@ def test_a_run_cut_after_n_steps_is_the_first_n_steps_of_the_whole_schedule():
     assert cut["train_loss_curve"] == whole["train_loss_curve"][:2]
     assert [e["step"] for e in cut["evaluations"]] == [0, 4]
     assert cut["evaluations"][-1]["val_accuracy"] == whole["evaluations"][1]["val_accuracy"]
+
+
+def test_the_committed_report_is_what_the_committed_records_give_and_the_write_ups_quote_it(tmp_path):
+    import shutil
+    shutil.copytree(os.path.join(rs.OUT, "runs"), tmp_path / "runs")
+    committed = open(os.path.join(rs.OUT, "report.md")).read()
+    assert rs.write_report(str(tmp_path)) == committed
+    v = rs.verdict(rs.sweep.load_records(rs.OUT))
+    assert v["complete"] and v["decision"] == "confirmed"
+    (free, free_runs), (kept, kept_runs) = v["free"], v["kept"]
+    mantissa, exponent = f"{v['p']:.1e}".split("e")
+    for page in ("README.md", os.path.join("experiments", "README.md")):
+        text = " ".join(open(os.path.join(rs.da.ROOT, page)).read().split())
+        assert f"{free} of {free_runs}" in text and f"{kept} of {kept_runs}" in text, page
+        assert f"p = {mantissa}e{int(exponent)}" in text, page
