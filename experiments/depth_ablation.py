@@ -678,8 +678,9 @@ def divergence_by_rate(records: Sequence[dict], depths: Sequence[int]) -> str:
             f"(two-sided). Post hoc: a description of these runs written "
             f"after they were seen (seed 0; columns and depths pooled), not one of the claims fixed before the "
             f"final runs; tested since on new seeds by a pre-registered rule: "
-            f"[rate_stability/report.md](../../rate_stability/report.md).\n\n" + sweep.markdown_table(["rate", "LayerNorm kept: diverged/runs",
-                                                        "removed: diverged/runs", "Fisher p"], rows))
+            f"[rate_stability/report.md](../../rate_stability/report.md).\n\n"
+            + sweep.markdown_table(["rate", "LayerNorm kept: diverged/runs", "removed: diverged/runs", "Fisher p"],
+                                   rows))
 
 
 RATE_CSV_FIELDS = ("depth", "scheme", "warmup", "learning_rate", "seed", "final_val_accuracy", "diverged",
