@@ -17,6 +17,15 @@ def test_the_committed_preregistration_is_the_drivers_text():
         assert f.read() == rs.PREREGISTRATION
 
 
+def test_a_design_changed_after_registration_is_refused(tmp_path):
+    path = rs.write_preregistration(str(tmp_path))
+    assert open(path).read() == rs.PREREGISTRATION and rs.write_preregistration(str(tmp_path)) == path
+    with open(path, "a") as f:
+        f.write("- one more seed\n")
+    with pytest.raises(ValueError, match="preregistration.md differs from rate_stability.PREREGISTRATION"):
+        rs.write_preregistration(str(tmp_path))
+
+
 def test_the_runs_are_the_preregistered_ones_on_new_seeds_and_each_shard_has_both_groups():
     specs = rs.specs()
     assert len(specs) == len({s.run_id for s in specs}) == 36
