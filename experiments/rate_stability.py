@@ -137,18 +137,8 @@ def write_report(out: str = OUT, command: str = "python experiments/rate_stabili
 
 def write_preregistration(out: str = OUT) -> str:
     """Write ``preregistration.md`` before the first run; once it exists, a design that differs from it is a
-    ValueError (the runs would test something else than was registered)."""
-    path = os.path.join(out, "preregistration.md")
-    if os.path.exists(path):
-        with open(path) as f:
-            if f.read() != PREREGISTRATION:
-                raise ValueError(f"{path} differs from rate_stability.PREREGISTRATION: the design changed after "
-                                 f"it was registered; a changed design is a new test, with its own folder")
-        return path
-    os.makedirs(out, exist_ok=True)
-    with open(path, "w") as f:
-        f.write(PREREGISTRATION)
-    return path
+    ValueError (``sweep.write_preregistration``)."""
+    return sweep.write_preregistration(out, PREREGISTRATION, "rate_stability.PREREGISTRATION")
 
 
 def main(argv=None) -> None:

@@ -217,6 +217,39 @@ def welch(a: Iterable[float], b: Iterable[float]) -> Welch:
     return Welch(float(result.statistic), float(result.df), float(result.pvalue))
 
 
+def detectable_difference(sd_a: float, sd_b: float, n_a: int, n_b: int, alpha: float, power: float = 0.8) -> float:
+    """The smallest difference of means a two-sided Welch test of ``n_a`` against ``n_b`` values detects with
+    probability ``power`` at level ``alpha``, the samples' SDs taken as known (the usual approximation):
+    ``(t_{1−α/2, ν} + t_{power, ν}) · √(s_a²/n_a + s_b²/n_b)``, ν the Welch–Satterthwaite degrees of freedom."""
+    from scipy import stats
+
+    va, vb = sd_a ** 2 / n_a, sd_b ** 2 / n_b
+    if va + vb == 0:
+        return 0.0
+    dof = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
+    return float(stats.t.ppf(1 - alpha / 2, dof) + stats.t.ppf(power, dof)) * math.sqrt(va + vb)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pre-registration
+# ---------------------------------------------------------------------------------------------------------------
+def write_preregistration(out: str, text: str, owner: str) -> str:
+    """Write ``out/preregistration.md`` (``text``, the driver's ``owner``) before a pre-registered test's first run;
+    once it exists, a ``text`` that differs from it is a ValueError: the runs would test something else than was
+    registered, and a changed design is a new test, with its own folder."""
+    path = os.path.join(out, "preregistration.md")
+    if os.path.exists(path):
+        with open(path) as f:
+            if f.read() != text:
+                raise ValueError(f"{path} differs from {owner}: the design changed after it was registered; a "
+                                 f"changed design is a new test, with its own folder")
+        return path
+    os.makedirs(out, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Tables and plots
 # ---------------------------------------------------------------------------------------------------------------

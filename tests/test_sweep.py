@@ -211,3 +211,13 @@ def test_the_trivial_mae_baseline_is_each_patchs_mean_prediction_by_hand(monkeyp
     config = ml_collections.ConfigDict({"data": {}, "model": {"patch_size": 2}, "train": {"eval_batch_size": 3}})
     expected = (0.75 * 0.25 / (0.25 + 1e-6) / 4 + 0.0) / 2
     assert finetune_digits.trivial_reconstruction_loss(config) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_detectable_difference_is_the_t_approximation_by_hand():
+    # 5 against 5 seeds, SD 0.5 each: Welch df 8; t_{0.975,8} = 2.3060, t_{0.8,8} = 0.8889 (tables); se = 0.5·√(2/5)
+    assert sweep.detectable_difference(0.5, 0.5, 5, 5, 0.05) == pytest.approx((2.3060 + 0.8889) * 0.5 * math.sqrt(0.4),
+                                                                               abs=1e-3)
+    # one side without spread: df n_a − 1 = 4; t_{0.975,4} = 2.7764, t_{0.8,4} = 0.9410; se = 1/√5
+    assert sweep.detectable_difference(1.0, 0.0, 5, 5, 0.05) == pytest.approx((2.7764 + 0.9410) / math.sqrt(5),
+                                                                              abs=1e-3)
+    assert sweep.detectable_difference(0.0, 0.0, 5, 5, 0.05) == 0.0
