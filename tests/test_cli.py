@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import ml_collections
 import numpy as np
@@ -47,7 +48,9 @@ def files(tmp_path_factory):
     (root / "broken_config.py").write_text("def get_config(:\n")
     (root / "no_get_config.py").write_text("X = 1\n")
     (root / "locked").mkdir()
-    (root / "locked" / "lock.json").write_text('{"host": "other-host", "pid": 4242, "started": "2026-01-01T00:00:00"}')
+    (root / "locked" / "lock.json").write_text(json.dumps({    # a live holder: its heartbeat is recent
+        "host": "other-host", "pid": 4242, "started": "2026-01-01T00:00:00", "heartbeat_every": 86400,
+        "heartbeat": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
     save_file({f"blocks.{i}.unrelated": np.zeros(3, np.float32) for i in range(300)},
               str(root / "wrong_keys.safetensors"))
     return root

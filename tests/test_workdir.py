@@ -4,6 +4,7 @@ import json
 import os
 import re
 import shutil
+import time
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from etils import epath
 
 from layerscale_jax.train import loop as loop_lib
 from layerscale_jax.train import workdir as workdir_lib
+from layerscale_jax.train.workdir_lock import WorkdirLock
 from layerscale_jax.train.checkpoint import Checkpointer, CheckpointSaveError, NoUsableCheckpointError
 
 from test_train import read_metrics, tiny_config, train_losses
@@ -150,13 +152,15 @@ def test_a_failed_save_stops_the_run_naming_the_cause_and_the_last_complete_chec
 def test_a_second_job_on_a_held_workdir_is_refused_naming_the_holder(tmp_path):
     workdir = tmp_path / "locked"
     workdir.mkdir()
-    (workdir / "lock.json").write_text(json.dumps({"host": "other-host", "pid": 123, "started": "then"}))
+    (workdir / "lock.json").write_text(json.dumps({"host": "other-host", "pid": 123, "started": "then",
+                                                   "heartbeat": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                                   "heartbeat_every": 86400}))
     with pytest.raises(workdir_lib.WorkdirError, match="in use by process 123 on host other-host"):
         loop_lib.train_and_evaluate(config(), str(workdir))
 
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
-    lock = workdir_lib.WorkdirLock(tmp_path)
+    lock = WorkdirLock(tmp_path)
     (tmp_path / "lock.json").write_text(json.dumps({"host": os.uname().nodename, "pid": 2**22 + 12345}))
     lock.acquire()
     assert json.loads((tmp_path / "lock.json").read_text())["pid"] == os.getpid()
@@ -224,7 +228,7 @@ def test_workdir_files_go_through_epath_so_gs_urls_work(tmp_path, monkeypatch):
         workdir = epath.Path("gs://bucket/run")
         assert str(loop_lib.as_path("gs://bucket/run")) == "gs://bucket/run"
         workdir.mkdir(parents=True)
-        lock = workdir_lib.WorkdirLock(workdir)
+        lock = WorkdirLock(workdir)
         lock.acquire()
         assert workdir_lib.check_stored_config(workdir, {"train": {"steps": 1}}, has_checkpoints=False) == []
         (workdir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')

@@ -29,6 +29,7 @@ from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import finetune as finetune_lib
 from layerscale_jax.train import tasks as tasks_lib
 from layerscale_jax.train import workdir as workdir_lib
+from layerscale_jax.train.workdir_lock import WorkdirLock
 from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, to_jsonable
 from layerscale_jax.train.config import model_overrides, validate_experiment_config, validate_train_config
 from layerscale_jax.train.diagnostics import branch_diagnostics, to_floats
@@ -237,7 +238,7 @@ def train_and_evaluate(config, workdir, devices=None, *, restart: bool = False) 
     workdir = as_path(workdir, "workdir")
     use_compilation_cache(config.train.compilation_cache_dir)
     is_primary = jax.process_index() == 0
-    lock = workdir_lib.WorkdirLock(workdir)
+    lock = WorkdirLock(workdir)
     problem = None
     if is_primary:
         try:

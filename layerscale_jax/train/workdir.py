@@ -1,4 +1,4 @@
-"""The workdir around a run: a lock against two jobs at once, the stored config, the metrics log after a resume,
+"""The workdir around a run (its lock: ``workdir_lock``): the stored config, the metrics log after a resume,
 what a run may not do to an earlier one (shorten it, mix its logs with a fresh start), and ``--restart``.
 
 Every path is an ``etils.epath`` path, so a workdir may be local or ``gs://...``; only process 0 writes.
@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import time
 
 from etils import epath
 
 from layerscale_jax.cli import UserError
-from layerscale_jax.paths import as_path, is_url, write_text_atomically
+from layerscale_jax.paths import write_text_atomically
 
 # Config fields that may differ between the run that wrote a workdir and the run that resumes it: they change how
 # long the run goes on, what it logs, how it is laid out on devices, not what the checkpoints hold.
@@ -88,66 +86,6 @@ def check_stored_config(workdir: epath.Path, config_json: dict, has_checkpoints:
         accepted = []
     write_text_atomically(path, json.dumps(config_json, indent=2))
     return accepted
-
-
-class WorkdirLock:
-    """``<workdir>/lock.json`` held by process 0 of the running job: ``{host, pid, started}``.
-
-    A lock left by a dead process on this host is taken over; one held by a live process, or by another host,
-    stops the run with the holder's name (delete the file if that job is gone).
-    """
-
-    def __init__(self, workdir):
-        self.path = as_path(workdir) / "lock.json"
-        self.held = False
-
-    def _holder(self) -> dict | None:
-        try:
-            return json.loads(self.path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-
-    def acquire(self) -> None:
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        holder = self._holder()
-        if holder is not None and not self._is_stale(holder):
-            raise WorkdirError(
-                f"workdir {self.path.parent} is in use by process {holder.get('pid')} on host {holder.get('host')} "
-                f"(started {holder.get('started')}); wait for it, or delete {self.path} if that job is gone")
-        text = json.dumps(me)
-        try:
-            if not is_url(self.path) and holder is None:
-                try:   # exclusive create on local filesystems: two jobs starting at once cannot both win
-                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                except FileExistsError:
-                    return self.acquire()
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-            else:
-                self.path.write_text(text)
-        except OSError as err:
-            raise WorkdirError(f"--workdir {self.path.parent} cannot be written ({_cause(err)}); give a directory "
-                               "this user can write") from err
-        self.held = True
-
-    @staticmethod
-    def _is_stale(holder: dict) -> bool:
-        if holder.get("host") != socket.gethostname():
-            return False
-        try:
-            os.kill(int(holder.get("pid", -1)), 0)
-        except ProcessLookupError:
-            return True
-        except (PermissionError, ValueError):
-            return False
-        return int(holder.get("pid", -1)) == os.getpid()
-
-    def release(self) -> None:
-        if self.held:
-            holder = self._holder()
-            if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
-                self.path.unlink()
-            self.held = False
 
 
 def metrics_lines(path: epath.Path, text: str | None = None) -> list[tuple[str, dict]]:

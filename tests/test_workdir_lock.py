@@ -1,0 +1,171 @@
+"""The workdir lock (``train.workdir_lock``): a requeue onto a new host takes over a lock whose heartbeat expired, a
+requeue of the same scheduler job takes over its earlier run's lock at once, a live lock refuses, an empty or
+garbled lock is taken over in one line (no RecursionError, also through ``lsj.fit``), a failed write leaves no
+lock, and the lock's release never hides the error that ended a run."""
+import errno
+import json
+import logging
+import os
+import socket
+import time
+
+import pytest
+
+import layerscale_jax as lsj
+from layerscale_jax.train import loop as loop_lib
+from layerscale_jax.train.workdir import WorkdirError
+from layerscale_jax.train.workdir_lock import HEARTBEAT_SECONDS, STALE_AFTER_HEARTBEATS, WorkdirLock, scheduler_job
+
+from test_train import tiny_config
+
+NOW = 1_800_000_000.0                     # the tests' clock: no test waits for real time
+
+
+def utc(seconds):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def write_lock(workdir, *, host="t1v-n-0a1b2c3d-w-0", pid=4242, heartbeat_age=0.0, job=None):
+    (workdir / "lock.json").write_text(json.dumps({
+        "host": host, "pid": pid, "token": "theirs", "started": utc(NOW - 3600), "heartbeat": utc(NOW - heartbeat_age),
+        "heartbeat_every": HEARTBEAT_SECONDS, "job": job}))
+
+
+def holder(workdir):
+    return json.loads((workdir / "lock.json").read_text())
+
+
+def test_a_lock_from_another_host_whose_heartbeat_expired_is_taken_over_in_one_line(tmp_path, capsys):
+    """A requeue onto new hosts after a hard kill (lost VM): the old host's lock stopped beating."""
+    write_lock(tmp_path, heartbeat_age=STALE_AFTER_HEARTBEATS * HEARTBEAT_SECONDS + 1)
+    lock = WorkdirLock(tmp_path, clock=lambda: NOW, environ={})
+    lock.acquire()
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "taking over" in out[0] and "t1v-n-0a1b2c3d-w-0" in out[0]
+    assert "last heartbeat was 301 s ago" in out[0]
+    assert holder(tmp_path)["pid"] == os.getpid() and holder(tmp_path)["host"] == socket.gethostname()
+    lock.release()
+    assert not (tmp_path / "lock.json").exists()
+
+
+def test_a_live_lock_from_another_host_is_refused_naming_the_holder_and_its_expiry(tmp_path):
+    write_lock(tmp_path, heartbeat_age=STALE_AFTER_HEARTBEATS * HEARTBEAT_SECONDS - 1)
+    with pytest.raises(WorkdirError, match=r"in use by process 4242 on host t1v-n-0a1b2c3d-w-0 .*last heartbeat "
+                                           r"299 s ago; taken over automatically once it is older than 300 s"):
+        WorkdirLock(tmp_path, clock=lambda: NOW, environ={}).acquire()
+    assert holder(tmp_path)["token"] == "theirs"                       # untouched
+
+
+def test_a_requeue_of_the_same_slurm_job_takes_over_its_earlier_runs_lock_at_once(tmp_path, capsys):
+    """``scontrol requeue`` (or --requeue after a node failure): same SLURM_JOB_ID, SLURM_RESTART_COUNT raised, maybe
+    another node; the earlier run's heartbeat is still fresh."""
+    write_lock(tmp_path, host="gpu-node-17", job={"scheduler": "slurm", "id": "812", "restart": "0"})
+    lock = WorkdirLock(tmp_path, clock=lambda: NOW, environ={"SLURM_JOB_ID": "812", "SLURM_RESTART_COUNT": "1"})
+    lock.acquire()
+    assert "earlier run of this slurm job 812 (restart 0; this is restart 1)" in capsys.readouterr().out
+    assert holder(tmp_path)["job"] == {"scheduler": "slurm", "id": "812", "restart": "1"}
+    lock.release()
+
+
+@pytest.mark.parametrize("environ", [{"SLURM_JOB_ID": "813"}, {"SLURM_JOB_ID": "812", "SLURM_RESTART_COUNT": "0"}],
+                         ids=["another_job", "same_incarnation"])
+def test_another_live_job_or_the_same_incarnation_is_refused(tmp_path, environ):
+    """A different job id is no evidence that the holder is gone (two jobs on one workdir is what the lock is for)."""
+    write_lock(tmp_path, host="gpu-node-17", job={"scheduler": "slurm", "id": "812", "restart": "0"})
+    with pytest.raises(WorkdirError, match="in use by process 4242 on host gpu-node-17"):
+        WorkdirLock(tmp_path, clock=lambda: NOW, environ=environ).acquire()
+
+
+def test_scheduler_job_ids_of_slurm_and_torchrun():
+    assert scheduler_job({"SLURM_JOB_ID": "5"}) == {"scheduler": "slurm", "id": "5", "restart": "0"}
+    assert scheduler_job({"TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_RESTART_COUNT": "2"}) == {
+        "scheduler": "torchrun", "id": "job7", "restart": "2"}
+    assert scheduler_job({"TORCHELASTIC_RUN_ID": "none"}) is None           # torchrun's default id names no job
+    assert scheduler_job({}) is None
+
+
+@pytest.mark.parametrize("text", ["", "\n", '{"host": "t1v', "[]", '"lock"'], ids=["empty", "newline", "torn",
+                                                                                    "list", "string"])
+def test_an_empty_or_garbled_lock_is_taken_over_in_one_line(tmp_path, capsys, text):
+    (tmp_path / "lock.json").write_text(text)
+    lock = WorkdirLock(tmp_path)
+    lock.acquire()
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith(f"taking over {tmp_path / 'lock.json'}: it is ")
+    assert holder(tmp_path)["pid"] == os.getpid()
+    lock.release()
+
+
+def test_fit_takes_over_an_empty_lock_left_by_a_full_disk(tmp_path, capsys):
+    """The issue's case: a disk full at start left a 0-byte lock.json; once space is freed, lsj.fit trains."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "lock.json").write_text("")
+    run = lsj.fit(tiny_config("steps=3"), str(workdir))
+    assert run.results["steps"] == 3
+    assert "it is empty" in capsys.readouterr().out
+    assert not (workdir / "lock.json").exists()
+
+
+def test_a_lock_that_cannot_be_written_is_one_error_and_leaves_no_file(tmp_path, monkeypatch):
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "lock.json"))
+
+    monkeypatch.setattr(os, "link", full_disk)
+    with pytest.raises(WorkdirError, match="cannot be written .*No space left on device"):
+        WorkdirLock(tmp_path).acquire()
+    assert os.listdir(tmp_path) == []                       # neither a lock nor its temporary file
+
+
+def test_a_lock_created_by_another_job_at_the_same_moment_is_refused_once(tmp_path, monkeypatch):
+    """The exclusive create loses to a job that wrote its lock after we looked: one refusal naming it, no retry loop."""
+    real_link = os.link
+
+    def other_job_first(src, dst):
+        write_lock(tmp_path, host="other-host", heartbeat_age=0)
+        real_link(src, dst)
+
+    monkeypatch.setattr(os, "link", other_job_first)
+    with pytest.raises(WorkdirError, match="in use by process 4242 on host other-host"):
+        WorkdirLock(tmp_path, clock=lambda: NOW).acquire()
+
+
+def test_the_heartbeat_renews_the_lock_and_stops_when_another_job_took_it_over(tmp_path, caplog):
+    clock = [NOW]
+    lock = WorkdirLock(tmp_path, clock=lambda: clock[0], environ={})
+    lock.acquire()
+    clock[0] += 600
+    assert lock.beat() and holder(tmp_path)["heartbeat"] == utc(NOW + 600)
+    write_lock(tmp_path, host="other-host")                      # taken over while we were cut off
+    with caplog.at_level(logging.WARNING):
+        assert not lock.beat()
+    assert "taken over by process 4242 on host other-host" in caplog.text
+    lock.release()
+    assert holder(tmp_path)["host"] == "other-host"              # not ours: left alone
+
+
+def test_the_locks_release_never_hides_the_error_that_ended_the_run(tmp_path, monkeypatch, caplog):
+    """Issue 39: the workdir turned unwritable near the end. The run's own error is raised (not the lock's EPERM); the
+    lock that could not be removed is left with a warning and the next run takes it over."""
+    workdir = tmp_path / "run"
+
+    def unwritable(path, text):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+
+    path_type = type(WorkdirLock(workdir).path)
+    real_unlink = path_type.unlink
+
+    def cannot_unlink(self, *args, **kwargs):
+        if self.name != "lock.json":
+            return real_unlink(self, *args, **kwargs)
+        raise PermissionError(errno.EPERM, "Operation not permitted", os.fspath(self))
+
+    monkeypatch.setattr(loop_lib, "write_text_atomically", unwritable)
+    monkeypatch.setattr(path_type, "unlink", cannot_unlink)
+    with caplog.at_level(logging.WARNING), pytest.raises(PermissionError, match="results.json"):
+        loop_lib.train_and_evaluate(tiny_config("steps=3"), str(workdir))
+    assert "could not remove" in caplog.text and (workdir / "lock.json").exists()
+    monkeypatch.undo()
+    lock = WorkdirLock(workdir)                  # same process: its own lock; another host: after its heartbeat
+    lock.acquire()
+    lock.release()
