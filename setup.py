@@ -41,5 +41,7 @@ setup(
         # writes the arrays with its own GCS driver; etils.epath (side files, logs, TensorBoard), TFDS and JAX's
         # compilation cache reach gs:// through TensorFlow's gfile, installed above.
         "gcs": ["google-cloud-storage>=3.0,<4"],
+        # NVIDIA GPUs (docs/multihost.md): JAX's CUDA 12 plugin with CUDA and cuDNN from pip, at jax's version.
+        "cuda12": ["jax[cuda12]==0.12.0.1"],
     },
 )

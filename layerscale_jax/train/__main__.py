@@ -1,8 +1,9 @@
 """The main job: ``python -m layerscale_jax.train --config configs/X.py[:arg] --workdir DIR [--config.a.b=v ...]``.
 
-Multi-host jobs (TPU pods, GPU clusters): pass ``--coordinator_address host:port --num_processes N
---process_id I`` (or ``--distributed`` to let ``jax.distributed.initialize`` read the cluster environment:
-SLURM, Open MPI, Kubernetes, Cloud TPU). Every process runs the same command. A process of such a job that fails
+Multi-host jobs (TPU pods, GPU clusters): pass ``--distributed`` to read the job from the launcher (SLURM,
+torchrun-style ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``, Open MPI, Kubernetes, Cloud TPU), or ``--coordinator_address
+host:port --num_processes N --process_id I``; ``--local_device_ids`` picks the devices of each process
+(``train/launch.py`` resolves all of it). Every process runs the same command. A process of such a job that fails
 exits at once, without the distributed runtime's shutdown barrier: its peers' next collective then fails too, instead
 of every process waiting for the others until a timeout.
 
@@ -34,6 +35,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from layerscale_jax.cli import UserError, did_you_mean, run_cli  # noqa: E402
 from layerscale_jax.paths import as_path  # noqa: E402
+from layerscale_jax.train.launch import accelerator_line, missing_accelerator_package, resolve_launch  # noqa: E402
 from layerscale_jax.train.config import load_config, validate_experiment_config  # noqa: E402
 
 CONFIG_FLAG = "config"
@@ -54,6 +56,9 @@ def _define_flags(flag_values: flags.FlagValues) -> None:
                         flag_values=flag_values)
     flags.DEFINE_integer("num_processes", None, "Number of processes in the job.", flag_values=flag_values)
     flags.DEFINE_integer("process_id", None, "This process's index in the job.", flag_values=flag_values)
+    flags.DEFINE_string("local_device_ids", None, "The devices this process uses: 'all' or '0,1,...' (default: one "
+                        "GPU per process when several processes share a node's GPUs, else all; "
+                        "layerscale_jax/train/launch.py).", flag_values=flag_values)
     flags.DEFINE_bool("debug", False, "Print the traceback of an error as well (or set LAYERSCALE_JAX_DEBUG=1).",
                       flag_values=flag_values)
 
@@ -165,15 +170,27 @@ def main(argv: list[str]) -> int:
     parsed = parse_command_line(argv)
     config = parsed[CONFIG_FLAG].value
     flags.FLAGS.mark_as_parsed()             # absl logging (used by orbax) otherwise warns about unparsed flags
+    launch = resolve_launch(distributed=parsed.distributed, coordinator_address=parsed.coordinator_address,
+                            num_processes=parsed.num_processes, process_id=parsed.process_id,
+                            local_devices=parsed.local_device_ids, environ=os.environ)
     import jax
 
-    if parsed.coordinator_address or parsed.distributed:
+    missing = missing_accelerator_package()
+    if launch is not None:
+        if missing:
+            raise UserError(missing)
         # Cross-process collectives for CPU-only jobs (tests, debugging); GPUs and TPUs use their own.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator_address=parsed.coordinator_address,
-                                   num_processes=parsed.num_processes, process_id=parsed.process_id)
+        try:
+            jax.distributed.initialize(**launch.initialize_kwargs())
+        except ValueError as err:            # JAX found no launcher to read the job from
+            raise UserError(f"--distributed: {err} (no SLURM, torchrun-style, Open MPI, Kubernetes or Cloud TPU "
+                            "environment found); pass --coordinator_address HOST:PORT --num_processes N "
+                            "--process_id I") from err
         stop_signals.pass_to_jax()           # a signal during start-up goes to JAX's preemption sync as well
     _check_devices(jax)
+    if jax.process_index() == 0:
+        print(accelerator_line(jax) + (f"; {missing}" if missing else ""), flush=True)
     logging.getLogger("absl").setLevel(logging.WARNING)
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)
