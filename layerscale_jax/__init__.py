@@ -4,14 +4,17 @@ The data flows one way: ``layers`` → ``models`` → ``optim`` → ``data`` →
 Importing the package imports nothing else: the names below load on first use — ``create_model`` and
 ``list_models`` from ``layerscale_jax.models`` (jax, flax), and the Python API for notebooks from
 ``layerscale_jax.api`` (``load_config``, ``override_config``, ``fit``, ``load_run``, ``evaluate``, ``diagnose``,
-``example_batch``, ``Run``, ``TrainingInterrupted``). So ``python -m layerscale_jax.train`` installs its stop-signal
-handlers before jax is imported, and nothing imports TensorFlow, ml_collections, TFDS or grain before it is used.
+``example_batch``, ``Run``, ``TrainingInterrupted``), and ``compile_for`` from ``layerscale_jax.train.compile_for``
+(a config's steps compiled for a TPU or GPU target on this machine: memory per chip, FLOPs, collectives, roofline).
+So ``python -m layerscale_jax.train`` installs its stop-signal handlers before jax is imported, and nothing imports
+TensorFlow, ml_collections, TFDS or grain before it is used.
 """
 __version__ = "0.1.0"
 _MODELS = ("create_model", "list_models")
 _API = ("Run", "TrainingInterrupted", "diagnose", "evaluate", "example_batch", "fit", "load_config", "load_run",
         "override_config")
-__all__ = ["__version__", *_MODELS, *_API]
+_COMPILE = ("compile_for",)
+__all__ = ["__version__", *_MODELS, *_API, *_COMPILE]
 
 
 def __getattr__(name: str):
@@ -19,6 +22,8 @@ def __getattr__(name: str):
         from layerscale_jax import models as module
     elif name in _API:
         from layerscale_jax import api as module
+    elif name in _COMPILE:
+        from layerscale_jax.train import compile_for as module
     else:
         raise AttributeError(f"module 'layerscale_jax' has no attribute {name!r}")
     value = globals()[name] = getattr(module, name)        # later lookups skip this function
@@ -26,4 +31,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODELS) | set(_API))
+    return sorted(set(globals()) | set(_MODELS) | set(_API) | set(_COMPILE))

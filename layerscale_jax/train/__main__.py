@@ -59,6 +59,14 @@ def _define_flags(flag_values: flags.FlagValues) -> None:
     flags.DEFINE_string("local_device_ids", None, "The devices this process uses: 'all' or '0,1,...' (default: one "
                         "GPU per process when several processes share a node's GPUs, else all; "
                         "layerscale_jax/train/launch.py).", flag_values=flag_values)
+    flags.DEFINE_string("compile_for", None, "Compile the train and eval steps for a target (v5e-256, v4-32, "
+                        "2xv5e-256, 8xh100, v5e:16x16, ...) on this machine and report memory, FLOPs, collectives and "
+                        "the roofline bound; nothing runs, no --workdir or data needed.", flag_values=flag_values)
+    flags.DEFINE_bool("fit", False, "With --compile_for: when the run does not fit, search the per-chip batch, remat "
+                      "and fsdp for the first config that does, and print its --config overrides.",
+                      flag_values=flag_values)
+    flags.DEFINE_bool("json", False, "With --compile_for: the report as one JSON object on the last line of stdout.",
+                      flag_values=flag_values)
     flags.DEFINE_bool("debug", False, "Print the traceback of an error as well (or set LAYERSCALE_JAX_DEBUG=1).",
                       flag_values=flag_values)
 
@@ -134,9 +142,15 @@ def parse_command_line(argv: list[str]) -> flags.FlagValues:
         raise UserError(str(err)) from err
     if len(unparsed) > 1:
         raise UserError(f"unexpected argument(s) {unparsed[1:]} (flags are written --name=value)")
-    if not flag_values.workdir:
+    if not flag_values.workdir and not flag_values.compile_for:
         raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
-    as_path(flag_values.workdir, "--workdir")      # a local path, file:// or gs:// (layerscale_jax.paths)
+    if flag_values.compile_for:
+        from layerscale_jax.train.targets import parse_target
+        parse_target(flag_values.compile_for)       # an unknown target: one line listing the known ones
+    elif flag_values.fit or flag_values.json:
+        raise UserError("--fit and --json go with --compile_for TARGET")
+    else:
+        as_path(flag_values.workdir, "--workdir")  # a local path, file:// or gs:// (layerscale_jax.paths)
     validate_experiment_config(flag_values[CONFIG_FLAG].value)
     return flag_values
 
@@ -175,6 +189,8 @@ def main(argv: list[str]) -> int:
                             local_devices=parsed.local_device_ids, environ=os.environ)
     import jax
 
+    if parsed.compile_for and not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")    # the target's compiler needs no local accelerator
     missing = missing_accelerator_package()
     if launch is not None:
         if missing:
@@ -189,11 +205,14 @@ def main(argv: list[str]) -> int:
                             "--process_id I") from err
         stop_signals.pass_to_jax()           # a signal during start-up goes to JAX's preemption sync as well
     _check_devices(jax)
-    if jax.process_index() == 0:
+    if jax.process_index() == 0 and not parsed.compile_for:
         print(accelerator_line(jax) + (f"; {missing}" if missing else ""), flush=True)
     logging.getLogger("absl").setLevel(logging.WARNING)
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)
+    if parsed.compile_for:
+        from layerscale_jax.train.compile_for import compile_command
+        return compile_command(config, parsed.compile_for, fit=parsed.fit, as_json=parsed.json)
     from layerscale_jax.train.loop import train_and_evaluate
 
     # workdir, save and checkpoint problems raise UserErrors

@@ -147,13 +147,14 @@ class Trainer:
         return jax.jit(self.init_fn, out_shardings=self.state_shardings)(params)
 
 
-def create_trainer(config, mesh) -> Trainer:
-    """Validate ``config`` against ``mesh`` and the dataset, and build the sharded, jitted steps."""
+def create_trainer(config, mesh, info=None) -> Trainer:
+    """Validate ``config`` against ``mesh`` and the dataset, and build the sharded, jitted steps. ``info``: the
+    dataset's ``DatasetInfo`` (default: read from the dataset; ``compile_for`` declares it from the config)."""
     validate_train_config(config.train)
     tc = config.train
     _check_batch("batch_size", tc.batch_size, mesh)
     _check_batch("eval_batch_size", tc.eval_batch_size, mesh)
-    info = data_lib.get_dataset_info(config.data)
+    info = info if info is not None else data_lib.get_dataset_info(config.data)
     _check_model_matches_data(config.model, info)
 
     make_model, abstract_model, graphdef_train, graphdef_eval, abstract_params = build_model_fns(config)

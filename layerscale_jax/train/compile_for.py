@@ -1,0 +1,378 @@
+"""Compile a run's train and eval steps for a pod without the pod: ``compile_for(config, "v5e-256")``.
+
+The steps are exactly those ``train_and_evaluate`` would jit (``loop.create_trainer``: the same mesh, shardings,
+dtype, remat, scan, optimizer, Mixup, EMA, LoRA), lowered with abstract inputs (``jax.ShapeDtypeStruct``s carrying
+their shardings; nothing is allocated, no data read) over device descriptions of the target
+(``train.targets``), and compiled by the target's own compiler (libtpu's for TPU) on this machine. The report:
+
+    memory per chip     ``compiled.memory_analysis()``: arguments + outputs − aliased (donated state) + temporaries
+                        + generated code, against the chip's HBM
+    FLOPs per step      the analytic model FLOPs (``bench.flops``; XLA's cost analysis counts a scanned layer once)
+    collectives         per kind, from the compiled HLO (``sharding.collectives``)
+    roofline bound      max(FLOPs / (chips × bf16 peak), bytes / HBM bandwidth), bytes = one chip's arguments read
+                        + outputs and temporaries written once (activation re-reads not counted): a lower bound on
+                        the step time; MFU ceiling = FLOPs / (chips × peak) / bound
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import re
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from layerscale_jax.cli import UserError
+from layerscale_jax.train import sharding as shard_lib
+from layerscale_jax.train import targets as targets_lib
+
+GiB = targets_lib.GiB
+# libtpu's out-of-memory at compile time, e.g. "... HLO temporaries (16.96G) exceeds available HBM (15.75G)".
+_TPU_OOM = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
+_UNITS = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+
+
+@dataclasses.dataclass
+class StepMemory:
+    """Bytes per chip of one compiled step (``memory_analysis()``); ``total`` is what must fit in HBM at once."""
+    arguments: int
+    outputs: int
+    aliased: int
+    temporaries: int
+    code: int
+
+    @property
+    def total(self) -> int:
+        return self.arguments + self.outputs - self.aliased + self.temporaries + self.code
+
+    @classmethod
+    def of(cls, compiled) -> "StepMemory":
+        m = compiled.memory_analysis()
+        return cls(m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes, m.temp_size_in_bytes,
+                   m.generated_code_size_in_bytes)
+
+
+@dataclasses.dataclass
+class CompileReport:
+    """What ``compile_for`` found; ``format()`` is the one-screen text, ``to_json()`` the same as one object."""
+    target: str
+    topology: str
+    chip: str
+    chip_source: str
+    num_chips: int
+    mesh: dict[str, int]
+    model: str                    # registry name, depth, width, parameters
+    global_batch: int
+    per_chip_batch: int
+    accum_steps: int
+    hbm_per_chip: int
+    train_memory: StepMemory
+    eval_memory: StepMemory | None      # None: the eval step was not compiled
+    flops_per_step: int
+    collectives: dict[str, dict[str, int]]
+    compile_seconds: dict[str, float]
+    peak_flop_per_s: float
+    hbm_bytes_per_s: float
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(m.total for m in (self.train_memory, self.eval_memory) if m is not None)
+
+    @property
+    def headroom(self) -> int:
+        return self.hbm_per_chip - self.peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.headroom >= 0
+
+    @property
+    def compute_seconds(self) -> float:
+        return self.flops_per_step / (self.num_chips * self.peak_flop_per_s)
+
+    @property
+    def memory_seconds(self) -> float:
+        m = self.train_memory
+        return (m.arguments + m.outputs + m.temporaries) / self.hbm_bytes_per_s
+
+    @property
+    def bound_seconds(self) -> float:
+        return max(self.compute_seconds, self.memory_seconds)
+
+    @property
+    def mfu_ceiling(self) -> float:
+        return self.compute_seconds / self.bound_seconds
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as one JSON-able dict, with the derived figures."""
+        out = dataclasses.asdict(self)
+        for step in ("train_memory", "eval_memory"):
+            if out[step] is not None:
+                out[step]["total"] = getattr(self, step).total
+        out.update(fits=self.fits, peak_bytes_per_chip=self.peak_bytes, headroom_bytes=self.headroom,
+                   compute_bound_s=self.compute_seconds, memory_bound_s=self.memory_seconds,
+                   step_time_lower_bound_s=self.bound_seconds, mfu_ceiling=self.mfu_ceiling,
+                   images_per_s_upper_bound=self.global_batch / self.bound_seconds)
+        return out
+
+    def format(self) -> str:
+        def gib(n):
+            return f"{n / GiB:.2f} GiB"
+
+        t, e = self.train_memory, self.eval_memory
+        micro = f" (micro-batch {self.per_chip_batch // self.accum_steps} × {self.accum_steps})" \
+            if self.accum_steps > 1 else ""
+        lines = [
+            f"target      {self.target}: {self.topology}, {self.num_chips} × {self.chip}",
+            f"mesh        {' × '.join(f'{k}={v}' for k, v in self.mesh.items())}",
+            f"model       {self.model}; global batch {self.global_batch}, {self.per_chip_batch} per chip{micro}",
+            f"memory/chip {'':11s}{'arguments':>11s}{'outputs':>11s}{'aliased':>11s}{'temporaries':>13s}{'total':>11s}",
+            *(f"  {name:20s}{gib(m.arguments):>11s}{gib(m.outputs):>11s}{gib(m.aliased):>11s}"
+              f"{gib(m.temporaries):>13s}{gib(m.total):>11s}"
+              for name, m in (("train step", t), ("eval step", e)) if m is not None),
+            f"  HBM {gib(self.hbm_per_chip)} per chip: peak {gib(self.peak_bytes)}, headroom {gib(self.headroom)} "
+            f"({'fits' if self.fits else 'DOES NOT FIT'})",
+            f"FLOPs/step  {self.flops_per_step:.3e} (analytic model FLOPs)",
+            "collectives " + ("; ".join(f"{k} ×{v['count']} {v['bytes'] / 2 ** 20:,.1f} MiB"
+                                        for k, v in self.collectives.items()) or "none")
+            + " (per chip, train step, loop bodies once)",
+            "compile     " + ", ".join(f"{k} {v:.1f} s" for k, v in self.compile_seconds.items()),
+            f"roofline    step ≥ {self.bound_seconds * 1e3:.1f} ms (compute {self.compute_seconds * 1e3:.1f} ms at "
+            f"{self.peak_flop_per_s / 1e12:.0f} TFLOP/s bf16, memory {self.memory_seconds * 1e3:.1f} ms at "
+            f"{self.hbm_bytes_per_s / 1e9:,.0f} GB/s): ≤ {self.global_batch / self.bound_seconds:,.0f} img/s, "
+            f"MFU ceiling {self.mfu_ceiling:.2f}",
+            f"chip data   {self.chip_source}",
+        ]
+        return "\n".join(lines)
+
+
+def declared_dataset_info(config):
+    """The ``DatasetInfo`` the steps need, from the config alone (the dataset is not opened)."""
+    from layerscale_jax.data import DatasetInfo, validate_data_config
+    settings = validate_data_config(config.data)
+    m = config.model
+    return DatasetInfo(name=settings.name, num_classes=m.get("num_classes", 1000), image_size=settings.image_size,
+                       channels=m.get("in_chans", 3), num_train=0, num_test=0, mean=(0.0,), std=(1.0,),
+                       train_split=settings.train_split, eval_split=settings.eval_split or "test")
+
+
+def batch_specs(config, mesh, size: int, with_mask: bool) -> dict:
+    """Abstract global batches as the loop feeds them: float32 images, int32 labels (and the eval mask)."""
+    sharding = shard_lib.batch_sharding(mesh)
+    side, channels = config.data.image_size, config.model.get("in_chans", 3)
+    spec = {"image": jax.ShapeDtypeStruct((size, side, side, channels), jnp.float32, sharding=sharding),
+            "label": jax.ShapeDtypeStruct((size,), jnp.int32, sharding=sharding)}
+    if with_mask:
+        spec["mask"] = jax.ShapeDtypeStruct((size,), jnp.bool_, sharding=sharding)
+    return spec
+
+
+def architecture(config):
+    """The model's architecture config (``models.model_config``) as the run builds it."""
+    from layerscale_jax.models import model_config
+    from layerscale_jax.train.config import model_overrides
+    return model_config(config.model.name, **model_overrides(config.model))
+
+
+def describe_model(config, trainer) -> str:
+    arch = architecture(config)
+    count = sum(math.prod(p.shape) for p in jax.tree.leaves(trainer.abstract_state["params"]))
+    return (f"{config.model.name} (depth {arch.depth}, width {arch.embed_dim}, {count:,} parameters, "
+            f"{jnp.dtype(arch.dtype).name}, remat {arch.remat})")
+
+
+def analytic_flops(config) -> int:
+    """Model FLOPs of one train step on the global batch (``bench.flops``)."""
+    from layerscale_jax.bench.flops import train_step_flops
+    return train_step_flops(architecture(config), config.train.batch_size)
+
+
+class DoesNotFit(UserError):
+    """The run needs more memory per chip than the target's chips have (one line with the numbers)."""
+
+
+def _out_of_memory(err: Exception, target, config) -> UserError | None:
+    """libtpu's compile-time out-of-memory as one line with the numbers, or None for another error."""
+    match = _TPU_OOM.search(str(err))
+    if "RESOURCE_EXHAUSTED" not in str(err) or not match:
+        return None
+    needed = float(match.group(1)) * _UNITS[match.group(2)]
+    available = float(match.group(3)) * _UNITS[match.group(4)]
+    return DoesNotFit(does_not_fit(config, target, needed, available, "temporaries, the compiler's count"))
+
+
+def does_not_fit(config, target, needed: float, available: float, what: str) -> str:
+    """The one line for a run that does not fit: needed vs HBM per chip, and what would fit."""
+    mesh_batch = config.train.batch_size
+    return (f"{config.model.name} (global batch {mesh_batch}) does not fit {target.name}: it needs "
+            f"{needed / GiB:.2f} GiB per chip ({what}) but a {target.chip.name} chip has {available / GiB:.2f} GiB; "
+            f"a smaller per-chip batch (--config.optim.accum_steps=2, 4, ... keeps the global batch), "
+            f"--config.model.remat=full or more fsdp would; rerun with --fit to find the first that does")
+
+
+def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool = True) -> CompileReport:
+    """Compile ``config``'s train and eval steps for ``target`` (a name of ``train.targets``) and report per-chip
+    memory, FLOPs, collectives and the roofline bound. ``check_fit``: a run that does not fit the chip's HBM
+    raises ``DoesNotFit`` (a ``UserError``: one line with the numbers) instead of returning its report.
+    ``eval_step=False`` compiles the train step only."""
+    from layerscale_jax.train import loop as loop_lib
+    from layerscale_jax.train.config import validate_experiment_config
+
+    validate_experiment_config(config)
+    parsed = targets_lib.parse_target(target)
+    devices = targets_lib.target_devices(parsed)
+    mesh = shard_lib.make_mesh(config.train.mesh, devices)
+    tc = config.train
+    cache = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)    # cross-compiled entries cannot be read back
+    try:
+        trainer = loop_lib.create_trainer(config, mesh, info=declared_dataset_info(config))
+        seconds, compiled = {}, {}
+        steps = {"train": (trainer.train_step, (trainer.abstract_state, batch_specs(config, mesh, tc.batch_size,
+                                                                                      False))),
+                 "eval": (trainer.eval_step, (trainer.abstract_state["params"],
+                                              batch_specs(config, mesh, tc.eval_batch_size, True)))}
+        if not eval_step:
+            del steps["eval"]
+        for name, (step, args) in steps.items():
+            start = time.perf_counter()
+            try:
+                compiled[name] = step.lower(*args).compile()
+            except Exception as err:        # noqa: BLE001 - an out-of-memory becomes one line; others propagate
+                oom = _out_of_memory(err, parsed, config)
+                if oom is None:
+                    raise
+                raise oom from err
+            seconds[name] = time.perf_counter() - start
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cache)
+    batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
+    report = CompileReport(
+        target=parsed.name, topology=parsed.describe(), chip=parsed.chip.name, chip_source=parsed.chip.source,
+        num_chips=parsed.num_chips, mesh={k: int(v) for k, v in mesh.shape.items()},
+        model=describe_model(config, trainer),
+        global_batch=tc.batch_size, per_chip_batch=tc.batch_size // batch_devices,
+        accum_steps=config.optim.accum_steps, hbm_per_chip=parsed.chip.hbm_bytes,
+        train_memory=StepMemory.of(compiled["train"]),
+        eval_memory=StepMemory.of(compiled["eval"]) if eval_step else None,
+        flops_per_step=analytic_flops(config),
+        collectives=shard_lib.collectives_by_kind(shard_lib.collectives(compiled["train"].as_text())),
+        compile_seconds=seconds, peak_flop_per_s=parsed.chip.peak_bf16_flop_per_s,
+        hbm_bytes_per_s=parsed.chip.hbm_bytes_per_s)
+    if check_fit and not report.fits:
+        raise DoesNotFit(does_not_fit(config, parsed, report.peak_bytes, report.hbm_per_chip,
+                                      "arguments, outputs and temporaries"))
+    return report
+
+
+# -- --fit: the first config that compiles within HBM ----------------------------------------------------------
+
+REMAT_ORDER = ("dots_saveable", "dots_with_no_batch_dims_saveable", "full")   # least recomputation first
+
+
+def _with(config, overrides: dict):
+    changed = copy.deepcopy(config)
+    for path, value in overrides.items():
+        *parents, leaf = path.split(".")
+        node = changed
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    return changed
+
+
+def _accum_choices(config, mesh_batch_devices: int) -> list[int]:
+    """Gradient-accumulation steps that halve the per-chip micro-batch down to one example (global batch kept)."""
+    per_chip = config.train.batch_size // mesh_batch_devices
+    base = config.optim.accum_steps
+    return [k for k in (base * 2 ** i for i in range(1, 16)) if per_chip % k == 0]
+
+
+def _batch_devices(config, target) -> int:
+    mesh = shard_lib.make_mesh(config.train.mesh, targets_lib.target_devices(targets_lib.parse_target(target)))
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def _layouts(config) -> list[dict]:
+    """More FSDP: the data axis folded into fsdp within a slice, then across slices; each only where it changes
+    the mesh."""
+    mesh = config.train.mesh
+    found = []
+    if mesh.get("data", 1) != 1:
+        found.append({"train.mesh.data": 1, "train.mesh.fsdp": -1 if mesh.get("fsdp", 1) != -1 else -1})
+    if mesh.get("dcn_data", 1) > 1:
+        found.append({**(found[-1] if found else {}), "train.mesh.dcn_fsdp": mesh.get("dcn_data") *
+                      mesh.get("dcn_fsdp", 1), "train.mesh.dcn_data": 1})
+    return found
+
+
+def fit_search(config, target: str, log=print) -> tuple[CompileReport, dict]:
+    """The first config that compiles within the target's HBM, searched in this order: the largest per-chip
+    micro-batch (``optim.accum_steps`` doubled: the global batch, the optimizer and the FLOPs stay the recipe's),
+    then the remat policies (``REMAT_ORDER``: recomputation grows), each with the micro-batch search, then more
+    FSDP (``_layouts``: communication grows). Returns its report and the ``{config path: value}`` overrides.
+    Raises ``DoesNotFit`` when nothing fits."""
+    def attempt(overrides: dict) -> CompileReport | None:
+        candidate = _with(config, overrides)
+        described = " ".join(f"{k}={v}" for k, v in overrides.items()) or "the config as given"
+        try:
+            report = compile_for(candidate, target, check_fit=False, eval_step=False)
+        except DoesNotFit as err:
+            log(f"  {described}: does not fit ({str(err).split(': it needs ')[-1].split(';')[0]})")
+            return None
+        log(f"  {described}: {report.peak_bytes / GiB:.2f} GiB of {report.hbm_per_chip / GiB:.2f} GiB per chip"
+            f"{'' if report.fits else ', does not fit'}")
+        return report if report.fits else None
+
+    def smallest_accum(overrides: dict) -> tuple[CompileReport, dict] | None:
+        """The least accumulation (largest micro-batch) that fits, by bisection (memory falls as it grows)."""
+        report = attempt(overrides)
+        if report is not None:
+            return report, overrides
+        choices = _accum_choices(_with(config, overrides), _batch_devices(_with(config, overrides), target))
+        best, lo, hi = None, 0, len(choices) - 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            trial = {**overrides, "optim.accum_steps": choices[mid]}
+            report = attempt(trial)
+            if report is not None:
+                best, hi = (report, trial), mid - 1
+            else:
+                lo = mid + 1
+        return best
+
+    log(f"--fit: searching for {target} (per-chip batch, then remat, then fsdp)")
+    remats = [r for r in REMAT_ORDER if r != config.model.get("remat", "none")]
+    for layout in [{}] + _layouts(config):
+        for remat in [None] + remats:
+            overrides = {**layout, **({"model.remat": remat} if remat else {})}
+            found = smallest_accum(overrides)
+            if found is not None:
+                report, overrides = found
+                return compile_for(_with(config, overrides), target), overrides
+    raise DoesNotFit(f"{config.model.name} does not fit {target} with any per-chip batch, remat policy or fsdp "
+                     f"layout tried: it needs more chips (or more HBM per chip)")
+
+
+def command_line_overrides(overrides: dict) -> str:
+    return " ".join(f"--config.{k}={v}" for k, v in overrides.items())
+
+
+def compile_command(config, target: str, *, fit: bool = False, as_json: bool = False) -> int:
+    """``python -m layerscale_jax.train --config ... --compile_for TARGET [--fit] [--json]``: the report on stdout
+    (its JSON as the last line with ``--json``); a run that does not fit is one ``error:`` line (``DoesNotFit``)."""
+    overrides: dict = {}
+    if fit:
+        report, overrides = fit_search(config, target)
+    else:
+        report = compile_for(config, target)
+    print(report.format())
+    if fit:
+        print("fits as given" if not overrides else f"fits with: {command_line_overrides(overrides)}")
+    if as_json:
+        print(json.dumps({**report.to_json(), "fit_overrides": overrides}, sort_keys=True))
+    return 0

@@ -1,0 +1,160 @@
+"""``--compile_for``: target names, the collectives of TPU programs, and the command on a small config compiled by
+libtpu's compiler (``train.compile_for``; the compiles skip where libtpu is not installed)."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import layerscale_jax as lsj
+from layerscale_jax.cli import UserError
+from layerscale_jax.train import sharding as shard_lib
+from layerscale_jax.train.targets import CHIPS, GiB, parse_target
+
+from test_train import TINY, tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="libtpu is not installed (pip install -e '.[tpu]')")
+
+
+@pytest.mark.parametrize("name, chip, shape, slices, chips, hosts_per_slice", [
+    ("v5e-256", "v5e", (16, 16), 1, 256, 64),
+    ("v5litepod-16", "v5e", (4, 4), 1, 16, 4),
+    ("v5e-8", "v5e", (2, 4), 1, 8, 1),
+    ("v6e-64", "v6e", (8, 8), 1, 64, 16),
+    ("v4-32", "v4", (2, 2, 4), 1, 16, 4),            # v4 and v5p names count TensorCores, two per chip
+    ("v4-8", "v4", (2, 2, 1), 1, 4, 1),
+    ("v5p-128", "v5p", (4, 4, 4), 1, 64, 16),
+    ("2xv5e-256", "v5e", (16, 16), 2, 512, 64),
+    ("v5e:16x16", "v5e", (16, 16), 1, 256, 64),
+    ("V4:2x2x4", "v4", (2, 2, 4), 1, 16, 4),
+])
+def test_tpu_names_give_the_slice_shape_chips_and_hosts(name, chip, shape, slices, chips, hosts_per_slice):
+    target = parse_target(name)
+    assert (target.chip_key, target.shape, target.num_slices) == (chip, shape, slices)
+    assert target.num_chips == chips and target.hosts_per_slice == hosts_per_slice
+
+
+def test_wraparound_only_on_full_pods_and_full_cubes():
+    assert parse_target("v5e-256").wrap == (True, True, False) and parse_target("v5e-64").wrap == (False,) * 3
+    assert parse_target("v5p-128").wrap == (True,) * 3 and parse_target("v4-32").wrap == (False,) * 3
+
+
+def test_gpu_names_give_hosts_and_gpus_per_host():
+    assert (parse_target("8xh100").num_hosts, parse_target("8xh100").num_chips) == (1, 8)
+    two = parse_target("2x8xH200")
+    assert (two.chip_key, two.num_hosts, two.num_chips) == ("h200", 2, 16)
+
+
+@pytest.mark.parametrize("name", ["v5x-4", "v5e-12", "v4-30", "h100", "v5e:4x4x4", "tpu"])
+def test_an_unknown_target_is_one_error_listing_the_known_names(name):
+    with pytest.raises(UserError, match=r"known names: v5e-256, v4-32, v5p-128, v6e-64, 2xv5e-256, .*8xh100"):
+        parse_target(name)
+
+
+def test_every_chip_names_its_published_source():
+    for chip in CHIPS.values():
+        assert chip.source.startswith("https://") and chip.hbm_bytes >= 16 * GiB
+        assert 1e14 < chip.peak_bf16_flop_per_s < 2e15 and 5e11 < chip.hbm_bytes_per_s < 1e13
+
+
+TPU_HLO = """\
+%windowed_dot_general_body_ag.3 (p: (bf16[4,8], u32[])) -> (bf16[4,8], u32[]) {
+  %collective-permute-start.1 = (bf16[4,8]{1,0:T(4,128)(2,1)}, bf16[4,8]{1,0}, u32[]{:S(2)}, u32[]{:S(2)}) \
+collective-permute-start(%p), channel_id=7, source_target_pairs={{0,1},{1,0}}
+  %collective-permute-done.1 = bf16[4,8]{1,0} collective-permute-done(%collective-permute-start.1)
+}
+
+%windowed_dot_general_body_rs.1 (p: f32[16]) -> f32[16] {
+  %collective-permute.2 = f32[16]{0} collective-permute(%p), channel_id=8, source_target_pairs={{0,1},{1,0}}
+}
+
+%fused_computation.5 (param_0: bf16[2,8]) -> bf16[8,8] {
+  %all-gather.41 = bf16[8,8]{1,0} all-gather(%param_0), channel_id=104, replica_groups=[1,4]<=[4], dimensions={0}
+}
+
+%fused_computation.6 (param_0: bf16[2,8]) -> bf16[8,8] {
+  %all-gather.43 = bf16[8,8]{1,0} all-gather(%param_0), channel_id=104, replica_groups=[1,4]<=[4], dimensions={0}
+}
+
+ENTRY %main.1 (a: f32[64]) -> f32[16] {
+  %all-gather-start.2 = (f32[16]{0}, f32[64]{0}) all-gather-start(%x), channel_id=9, dimensions={0}
+  %all-gather-done.2 = f32[64]{0} all-gather-done(%all-gather-start.2)
+  %all-reduce-start.3 = f32[64]{0} all-reduce-start(%a), channel_id=10, to_apply=%add
+  %all-reduce-scatter-fusion.4 = f32[16]{0} fusion(%a), kind=kOutput, calls=%reduce_scatter_computation
+  ROOT %collective-permute.5 = f32[16]{0} collective-permute(%b), channel_id=11, source_target_pairs={{0,1}}
+}
+"""
+
+
+def test_tpu_collective_forms_are_read_as_what_they_do():
+    found = shard_lib.collectives(TPU_HLO)
+    kinds = [(c.op, c.kind, c.form, c.bytes) for c in found]
+    assert kinds == [
+        ("collective-permute", "all-gather", "collective matmul", 4 * 8 * 2),      # the result of the async pair
+        ("collective-permute", "reduce-scatter", "collective matmul", 16 * 4),
+        ("all-gather", "all-gather", "", 8 * 8 * 2),                               # cloned into two fusions: once
+        ("all-gather", "all-gather", "async", 64 * 4),                            # the gathered result only
+        ("all-reduce", "all-reduce", "async", 64 * 4),
+        ("reduce-scatter", "reduce-scatter", "all-reduce-scatter fusion", 16 * 4),
+        ("collective-permute", "collective-permute", "", 16 * 4),
+    ]
+    table = shard_lib.collectives_by_kind(found)
+    assert table["all-gather"] == {"count": 3, "bytes": 64 + 128 + 256}
+    assert list(table) == sorted(table)
+
+
+def command(*args, timeout=900):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "layerscale_jax.train", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=timeout)
+
+
+def test_an_unknown_target_on_the_command_line_is_one_error_line_before_jax_starts():
+    result = command("--config", TINY, "--compile_for", "v5e-257")
+    assert result.returncode == 2 and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: --compile_for 'v5e-257': v5e slices have 1, 4, 8, 16") and "known names" in line
+
+
+def test_fit_and_json_need_compile_for():
+    result = command("--config", TINY, "--workdir", "/tmp/never_created_by_this_test", "--json")
+    assert result.returncode == 2 and result.stderr.strip() == "error: --fit and --json go with --compile_for TARGET"
+
+
+SMALL = ("--config.data.mixup_alpha=0", "--config.data.cutmix_alpha=0",       # Mixup's Beta sampler: a larger HLO
+         "--config.train.mesh.data=1", "--config.train.mesh.fsdp=-1")
+
+
+@needs_libtpu
+def test_compile_for_prints_one_screen_and_the_report_as_the_last_json_line():
+    result = command("--config", f"{TINY}:scan_layers=True", "--compile_for", "v5e-4", "--json", *SMALL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    report = json.loads(lines[-1])
+    text = "\n".join(lines[:-1])
+    assert len(lines) - 1 <= 24 and "target      v5e-4: TPU v5e 2×2 (4 chips, 1 host)" in text
+    assert report["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1} and report["per_chip_batch"] == 4
+    assert report["fits"] and report["hbm_per_chip"] == 16 * GiB
+    memory = report["train_memory"]
+    assert memory["total"] == (memory["arguments"] + memory["outputs"] - memory["aliased"] + memory["temporaries"]
+                               + memory["code"])
+    assert report["headroom_bytes"] == 16 * GiB - max(memory["total"], report["eval_memory"]["total"])
+    # FSDP: the parameters are gathered and the gradients reduced, however the TPU compiler spells it
+    assert "all-gather" in report["collectives"] and {"reduce-scatter", "all-reduce"} & set(report["collectives"])
+    assert report["step_time_lower_bound_s"] == max(report["compute_bound_s"], report["memory_bound_s"])
+    assert report["compute_bound_s"] == pytest.approx(report["flops_per_step"] / (4 * 197e12))
+
+
+@needs_libtpu
+def test_the_python_api_returns_the_report_without_opening_the_dataset():
+    config = tiny_config("scan_layers=True")
+    config.data.name = "imagenet2012"          # not prepared here: compile_for takes the shapes from the config
+    config.data.data_dir = "/nonexistent/tfds"
+    config.data.mixup_alpha = config.data.cutmix_alpha = 0.0
+    report = lsj.compile_for(config, "v5e-4")
+    assert report.fits and report.num_chips == 4 and report.train_memory.temporaries > 0
+    assert report.compile_seconds["train"] > 0 and "eval" in report.compile_seconds
