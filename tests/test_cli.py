@@ -112,6 +112,17 @@ def _bad_inputs(f, tmp):
         (convert_main, model + ["--source", str(f / "wrong_keys.safetensors"), "--set", "depth", *conv_out],
          ["--set", "depth"]),
         (convert_main, model + ["--source", str(f / "wrong_keys.safetensors")], ["nothing to write"]),
+        # convert: outputs, checked before anything is read; nothing is overwritten
+        (convert_main, model + ["--source", str(f / "wrong_keys.safetensors"), "--out", str(f / "text.npz")],
+         ["--out", "text.npz", "is a file"]),
+        (convert_main, model + ["--source", str(f / "wrong_keys.safetensors"), "--out", str(f / "locked")],
+         ["--out", "locked", "is a training workdir"]),
+        (convert_main, model + ["--source", str(f / "wrong_keys.safetensors"), "--export-timm", str(f / "text.npz")],
+         ["--export-timm", "text.npz", "exists", "--overwrite"]),
+        (convert_main, model + ["--source", str(f / "wrong_keys.safetensors"), "--out", "/proc/layerscale_out"],
+         ["--out", "/proc/layerscale_out", "cannot be written"]),
+        (convert_main, model + ["--source", str(f / "wrong_keys.safetensors"), "--export-timm", "/proc/x.npz"],
+         ["--export-timm", "/proc/x.npz", "cannot be written"]),
         (convert_main, model + [*conv_out], ["--source"]),
         (convert_main, model + ["--source", str(f / "wrong_keys.safetensors"), "--step", "3", *conv_out],
          ["--step", "not one"]),
@@ -294,10 +305,17 @@ def test_a_training_workdir_exports_to_timm(six_step_run, tmp_path, capsys, capl
     np.testing.assert_array_equal(exported["cls_token"], np.asarray(params["cls_token"]["value"]))
     assert exported["head.weight"].shape == (4, 16)            # the run's 4 classes, not the registry's 1000
 
-    # Errors name the workdir's state: no EMA was kept, no such step.
-    assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--ema"]) == 2
-    assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "7"]) == 2
-    assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "4"]) == 0
+    # Errors name the workdir's state: no EMA was kept, no such step. The existing file is replaced only when asked.
+    capsys.readouterr()
+    assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "4"]) == 2
+    assert "exists; pass --overwrite to replace it" in capsys.readouterr().err
+    assert all(np.array_equal(load_file(str(out))[k], v) for k, v in exported.items())      # untouched
+    again = ["--source", str(workdir), "--export-timm", str(out), "--overwrite"]
+    assert run_cli(convert_main, [*again, "--ema"]) == 2
+    assert "no EMA" in capsys.readouterr().err
+    assert run_cli(convert_main, [*again, "--step", "7"]) == 2
+    assert "no complete checkpoint at step 7" in capsys.readouterr().err
+    assert run_cli(convert_main, [*again, "--step", "4"]) == 0
     step_4 = load_file(str(out))
 
     # A checkpoint whose files no longer match the digests the run recorded is never exported: the newest corrupt
@@ -307,15 +325,59 @@ def test_a_training_workdir_exports_to_timm(six_step_run, tmp_path, capsys, capl
             path.write_bytes(path.read_bytes()[:-1] + bytes([path.read_bytes()[-1] ^ 1]))
             break
     with caplog.at_level("WARNING"):
-        assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out)]) == 0
+        assert run_cli(convert_main, again) == 0
     assert all(np.array_equal(load_file(str(out))[k], step_4[k]) for k in step_4)
     assert sum("checkpoint at step 6 is corrupt" in r.getMessage() for r in caplog.records) == 1      # said once
     capsys.readouterr()
-    assert run_cli(convert_main, ["--source", str(workdir), "--export-timm", str(out), "--step", "6"]) == 2
+    assert run_cli(convert_main, [*again, "--step", "6"]) == 2
     assert "step 6: 0 file(s) missing, 1 changed" in capsys.readouterr().err
 
 
 # -- faults at the command line (docs/reliability.md) --------------------------------------------------------------
+
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_the_old_file_whole(six_step_run, tmp_path, capsys,
+                                                                                monkeypatch):
+    import safetensors.numpy
+    out = tmp_path / "model.safetensors"
+    out.write_bytes(b"the previous export")
+
+    def full_disk(tensors, filename, *args, **kwargs):
+        with open(filename, "wb") as f:
+            f.write(b"half a file")
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", full_disk)
+    status = run_cli(convert_main, ["--source", six_step_run[0], "--export-timm", str(out), "--overwrite"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and err[0].startswith(f"error: writing '{out}' failed (")
+    assert "No space left on device" in err[0]
+    assert out.read_bytes() == b"the previous export" and sorted(os.listdir(tmp_path)) == ["model.safetensors"]
+
+
+def test_a_converted_checkpoint_that_cannot_be_written_stops_at_once_in_one_line(six_step_run, tmp_path, capsys,
+                                                                                 monkeypatch, caplog):
+    """orbax fails to create --out's params directory (a full disk): one error line, last, and orbax's waiting
+    threads end then instead of at its barrier timeout (300 s; 20 s here) logging "Timeout waiting for key"."""
+    import threading
+    from orbax.checkpoint._src.futures import future as orbax_future
+    from orbax.checkpoint._src.path import atomicity
+
+    async def full_disk(tmp_paths, *args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_paths[0].get()))
+
+    monkeypatch.setattr(atomicity, "_create_paths", full_disk)
+    monkeypatch.setattr(orbax_future.multihost, "coordination_timeout", lambda: 20)
+    with caplog.at_level("ERROR"):
+        status = run_cli(convert_main, ["--source", six_step_run[0], "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err.strip().splitlines()
+        for thread in threading.enumerate():
+            if isinstance(thread, orbax_future._SignalingThread):
+                thread.join()
+    assert status == 2 and err[-1].startswith(f"error: writing '{tmp_path / 'out'}' failed (")
+    assert "No space left on device" in err[-1] and not any(line.startswith("Traceback") for line in err)
+    assert "Timeout waiting for key" not in caplog.text
+    assert not [p for p in (tmp_path / "out").glob("*") if "orbax-checkpoint-tmp" in p.name]
+
 
 def test_preparing_a_dataset_whose_host_cannot_be_reached_fails_at_once_naming_the_host(tmp_path, capsys,
                                                                                           monkeypatch):

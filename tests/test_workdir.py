@@ -500,3 +500,31 @@ def test_a_damaged_seal_or_data_state_of_the_newest_step_is_quarantined_not_a_tr
     with caplog.at_level("WARNING"):
         results = loop_lib.train_and_evaluate(config(), workdir)
     assert f"checkpoint at step {STEPS} is corrupt" in caplog.text and results["resumed_from_step"] == 4
+
+
+def test_a_save_that_cannot_create_its_step_directory_stops_without_waiting_for_orbax_threads(tmp_path, monkeypatch,
+                                                                                               caplog):
+    """The step directory of step 4 cannot be created (a read-only or immutable checkpoints directory): orbax's
+    other save threads wait for its "created" signal. They are woken when the run stops, instead of each logging
+    "Timeout waiting for key ..." after orbax's barrier timeout (300 s, here 20 s) with the process unable to exit."""
+    import threading
+    from orbax.checkpoint._src.futures import future as orbax_future
+    from orbax.checkpoint._src.path import atomicity
+    real_create = atomicity._create_paths
+
+    async def immutable_directory(tmp_paths, *args, **kwargs):
+        if any("4.orbax-checkpoint-tmp" in str(p.get()) for p in tmp_paths):
+            raise PermissionError(1, "Operation not permitted", str(tmp_paths[0].get()))
+        return await real_create(tmp_paths, *args, **kwargs)
+
+    monkeypatch.setattr(atomicity, "_create_paths", immutable_directory)
+    monkeypatch.setattr(orbax_future.multihost, "coordination_timeout", lambda: 20)
+    with caplog.at_level("ERROR"), pytest.raises(CheckpointSaveError, match=r"step 4 .*Operation not permitted.*"
+                                                                            r"last complete checkpoint is step 2"):
+        loop_lib.train_and_evaluate(config(), str(tmp_path / "immutable"))
+    for thread in threading.enumerate():
+        if isinstance(thread, orbax_future._SignalingThread):
+            thread.join()
+    assert "Timeout waiting for key" not in caplog.text
+    monkeypatch.undo()                                          # writable again: the rerun resumes
+    assert loop_lib.train_and_evaluate(config(), str(tmp_path / "immutable"))["resumed_from_step"] == 2

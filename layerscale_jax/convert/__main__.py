@@ -18,15 +18,19 @@ import argparse
 import ast
 import logging
 import sys
+import tempfile
 from pathlib import Path
 
 from layerscale_jax.cli import UserError, run_cli
 from layerscale_jax.convert.files import write_state_dict
-from layerscale_jax.convert.pretrained import (MODEL_JSON, from_timm, is_training_workdir, load_model,
+from layerscale_jax.convert.pretrained import (MODEL_JSON, PARAMS_DIR, from_timm, is_training_workdir, load_model,
                                                load_workdir, read_model_json, save_pretrained, to_timm)
 
 
 log = logging.getLogger("layerscale_jax.convert")
+
+# A directory holding any of these is (or was) a training workdir, whatever else it holds.
+TRAINING_WORKDIR_FILES = ("checkpoints", "metrics.jsonl", "results.json", "config.json", "lock.json")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="build the model with scan_layers=True (blocks stacked on a leading axis)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="any other create_model override, e.g. --set global_pool=avg (repeatable)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out checkpoint")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --out checkpoint or --export-timm file")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error as well "
                                                              "(or set LAYERSCALE_JAX_DEBUG=1)")
     args = parser.parse_args(argv)
@@ -68,7 +73,47 @@ def parse_args(argv=None) -> argparse.Namespace:
                      f"(leave out --model; change fields with --set FIELD=VALUE)")
     if (args.step is not None or args.ema is not None) and not workdir:
         parser.error(f"--step and --ema apply to a training workdir; {args.source!r} is not one")
+    check_outputs(args)
     return args
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Before anything is read: ``--out`` and ``--export-timm`` can be written, and nothing is overwritten
+    without ``--overwrite`` — never a training workdir. Raises ``UserError`` naming the flag and the path."""
+    if args.out:
+        out = Path(args.out).expanduser()
+        if out.exists() and not out.is_dir():
+            raise UserError(f"--out {args.out!r} is a file, not a directory; name a new directory")
+        if out.is_dir() and any((out / name).exists() for name in TRAINING_WORKDIR_FILES):
+            raise UserError(f"--out {args.out!r} is a training workdir; convert never writes into one: name a new "
+                            "directory")
+        if (out / PARAMS_DIR).exists() and not args.overwrite:
+            raise UserError(f"--out {args.out!r} holds a converted checkpoint already; pass --overwrite to "
+                            "replace it, or name a new directory")
+        _check_writable("--out", args.out, out)
+    if args.export_timm:
+        path = Path(args.export_timm).expanduser()
+        if path.is_dir():
+            raise UserError(f"--export-timm {args.export_timm!r} is a directory; name a .safetensors or .npz file")
+        if path.exists() and not args.overwrite:
+            raise UserError(f"--export-timm {args.export_timm!r} exists; pass --overwrite to replace it")
+        _check_writable("--export-timm", args.export_timm, path.parent)
+
+
+def _check_writable(flag: str, given: str, directory: Path) -> None:
+    """A file can be created in ``directory`` (or in its nearest existing parent, where it would be created)."""
+    existing = directory.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{flag} {given!r} cannot be written ({existing} is a file); choose another place")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+        return
+    except OSError as err:
+        problem = err.strerror or str(err)
+    raise UserError(f"{flag} {given!r} cannot be written ({problem}: {existing}); choose another place")
 
 
 def _literal(text: str):

@@ -2,6 +2,7 @@
 (torch, imported only here, and only with ``weights_only=True`` so that no arbitrary object is unpickled)."""
 from __future__ import annotations
 
+import contextlib
 import zipfile
 from pathlib import Path
 from typing import Mapping
@@ -82,15 +83,25 @@ def flatten_tensors(tensors: Mapping) -> dict[str, np.ndarray]:
 
 def write_state_dict(tensors: Mapping[str, np.ndarray], path: str | Path) -> Path:
     """Write ``name → array`` as ``.safetensors`` or ``.npz`` (by suffix). npz has no bfloat16: such arrays are
-    written as float32 there (exactly)."""
+    written as float32 there (exactly). The file is written beside ``path`` and renamed over it when whole: a failed
+    write (a full or read-only disk: one ``UserError`` naming the file) leaves no partial file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    if path.suffix == ".safetensors":
-        from safetensors.numpy import save_file
-        save_file(arrays, str(path))
-    elif path.suffix == ".npz":
-        np.savez(path, **{k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v for k, v in arrays.items()})
-    else:
+    if path.suffix not in (".safetensors", ".npz"):
         raise ValueError(f"{str(path)!r}: export writes .safetensors or .npz, not {path.suffix!r}")
+    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    partial = path.with_name(path.name + ".partial" + path.suffix)    # renamed over path once whole
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".safetensors":
+            from safetensors.numpy import save_file
+            save_file(arrays, str(partial))
+        else:
+            np.savez(partial, **{k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v
+                                 for k, v in arrays.items()})
+        partial.replace(path)
+    except Exception as err:  # safetensors wraps a full or read-only disk in its own SafetensorError
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        raise UserError(f"writing {str(path)!r} failed ({' '.join(str(err).split())}); free space or choose "
+                        "another file") from err
     return path

@@ -19,9 +19,11 @@ Loading adapts what a fine-tuning run legitimately changes and refuses everythin
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import math
+import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -31,6 +33,7 @@ import numpy as np
 from flax import nnx
 
 from layerscale_jax.checksums import corruption
+from layerscale_jax.cli import UserError
 from layerscale_jax.convert.files import flatten_tensors, is_timm_file, read_state_dict
 from layerscale_jax.convert.naming import (family, is_fused_qkv, ours_to_timm, ours_to_timm_name, qkv_heads_major,
                                           qkv_timm_order, timm_shape, timm_to_ours)
@@ -38,6 +41,7 @@ from layerscale_jax.layers.lora import is_adapter_path
 from layerscale_jax.models.layout import STACKED_KEY
 from layerscale_jax.models.mae import MAEConfig
 from layerscale_jax.models.registry import create_from_config, create_model, list_models, model_config
+from layerscale_jax.orbax_failures import log_orbax_errors_on_one_line, release_waiting_save_threads
 
 log = logging.getLogger(__name__)
 
@@ -584,13 +588,22 @@ def save_pretrained(model: nnx.Module, out_dir: str | Path, *, name: str | None 
     record = _registry_record(model.cfg, name)
     if (out / PARAMS_DIR).exists() and not overwrite:
         raise FileExistsError(f"{str(out / PARAMS_DIR)!r} exists; pass overwrite=True (--overwrite) to replace it")
+    log_orbax_errors_on_one_line()
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(out / PARAMS_DIR, _param_tree(model), force=overwrite)
-    checkpointer.wait_until_finished()
-    if jax.process_index() == 0:
-        with open(out / MODEL_JSON, "w") as f:
-            json.dump(record, f, indent=2)
-            f.write("\n")
+    try:
+        checkpointer.save(out / PARAMS_DIR, _param_tree(model), force=overwrite)
+        checkpointer.wait_until_finished()
+        if jax.process_index() == 0:
+            with open(out / MODEL_JSON, "w") as f:
+                json.dump(record, f, indent=2)
+                f.write("\n")
+    except Exception as err:
+        release_waiting_save_threads()            # orbax's threads end now, not at its barrier's timeout
+        gc.collect()                              # its failed asyncio tasks report now, before the error line
+        for partial in out.glob(f"{PARAMS_DIR}.orbax-checkpoint-tmp*"):
+            shutil.rmtree(partial, ignore_errors=True)
+        raise UserError(f"writing {str(out)!r} failed ({type(err).__name__}: {' '.join(str(err).split())}); "
+                        "free space or choose another directory") from err
     return out
 
 

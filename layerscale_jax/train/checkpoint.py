@@ -49,24 +49,10 @@ from orbax.checkpoint import checkpoint_managers as ocm
 
 from layerscale_jax.checksums import corruption, file_digests, list_files
 from layerscale_jax.cli import UserError
+from layerscale_jax.orbax_failures import log_orbax_errors_on_one_line, release_waiting_save_threads
 from layerscale_jax.paths import as_path, is_url, write_text_atomically
 
 log = logging.getLogger(__name__)
-
-
-class _OrbaxErrorsOnOneLine(logging.Filter):
-    """Orbax's background save threads log a failure (a full disk) with its traceback in every thread involved and
-    in asyncio's "Task exception was never retrieved", hundreds of lines, before ``wait_until_finished`` re-raises
-    it as the run's one error line. Their records keep their message, on one line, without the traceback."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR and "orbax" in f"{record.pathname} {record.getMessage()}":
-            record.msg, record.args = " ".join(record.getMessage().split()), None
-            record.exc_info, record.exc_text, record.stack_info = None, None, None
-        return True
-
-
-_ORBAX_ERRORS_ON_ONE_LINE = _OrbaxErrorsOnOneLine()
 
 
 class NonFiniteStateError(RuntimeError):
@@ -209,9 +195,7 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=True,
                                                enable_async_checkpointing=True, async_options=async_options)
         self.manager = _Manager(self.directory, options=options)
-        for name in ("absl", "asyncio"):
-            if _ORBAX_ERRORS_ON_ONE_LINE not in logging.getLogger(name).filters:
-                logging.getLogger(name).addFilter(_ORBAX_ERRORS_ON_ONE_LINE)
+        log_orbax_errors_on_one_line()
         self.last_complete: int | None = None     # newest step known to be fully written (restored or saved)
 
     # -- side files ---------------------------------------------------------------------------------------------
@@ -320,6 +304,7 @@ class Checkpointer:
                                               config=ocp.args.JsonSave(config_json)),
                 metrics=metrics, force=force)
         except Exception as err:
+            release_waiting_save_threads()
             raise self._save_error(step, err) from err
 
     def _save_error(self, step: int, err: Exception) -> CheckpointSaveError:
@@ -332,6 +317,7 @@ class Checkpointer:
             self.manager.wait_until_finished()
             self._forget_deleted()
         except Exception as err:
+            release_waiting_save_threads()
             gc.collect()                      # orbax's failed asyncio tasks report now, before the error line
             step = self._in_flight if self._in_flight is not None else self.manager.latest_step() or -1
             raise self._save_error(step, err) from err
