@@ -380,13 +380,14 @@ def run_rate_sweep(out: str, steps: int, columns=COLUMNS, depths=RATE_DEPTHS, wh
         run_sweep(mine, sizing, out, log=log, **run_kwargs)
 
 
-def best_learning_rates(records: list[dict], columns=COLUMNS, depths=RATE_DEPTHS, start=RATE_LADDER_START,
-                 max_extensions=MAX_EXTENSIONS) -> dict:
-    """The rates the final runs use, from a finished rate sweep (validation only):
+def best_learning_rates(records: list[dict], images: int, columns=COLUMNS, depths=RATE_DEPTHS,
+                        start=RATE_LADDER_START, max_extensions=MAX_EXTENSIONS) -> dict:
+    """The rates the final runs use, from a finished rate sweep (validation only, ``images`` validation images):
     ``per_depth[(scheme, warm-up, depth)]``: each cell's ``best_rate``; ``one_rate[(scheme, warm-up)]``: the rate
-    swept at every depth with the highest mean final validation accuracy over the depths, a diverged run counting
-    0 (ties: the lower rate); ``bracketed[...]``: whether the cell's best rate is strictly inside its swept range.
-    A cell whose sweep is unfinished, or whose runs all diverged, is a ValueError naming it."""
+    swept at every depth with the most validation images right summed over the depths (integer counts,
+    ``vp.correct_images``), a diverged run counting 0 (ties: the lower rate); ``bracketed[...]``: whether the cell's
+    best rate is strictly inside its swept range. A cell whose sweep is unfinished, or whose runs all diverged, is a
+    ValueError naming it."""
     vp.require_validation(records, "best_learning_rates")
     per_depth, bracketed, one_rate = {}, {}, {}
     for scheme, warmup in columns:
@@ -403,7 +404,8 @@ def best_learning_rates(records: list[dict], columns=COLUMNS, depths=RATE_DEPTHS
                 raise ValueError(f"every rate of {_label(scheme, warmup)} at depth {depth} diverged: {wanted}")
             per_depth[(scheme, warmup, depth)] = best
             bracketed[(scheme, warmup, depth)] = wanted[0] < best < wanted[-1]
-            by_depth[depth] = {r["learning_rate"]: (0.0 if r["diverged"] else vp.accuracy(r)) for r in have}
+            by_depth[depth] = {r["learning_rate"]: (0 if r["diverged"] else vp.correct_images(r, images))
+                               for r in have}
         common = set.intersection(*(set(v) for v in by_depth.values()))
         one_rate[(scheme, warmup)] = max(sorted(common), key=lambda lr: (sum(v[lr] for v in by_depth.values()),
                                                                          -lr))
@@ -615,7 +617,7 @@ def write_rates_report(out: str, validation_images: int, columns=COLUMNS, depths
     accuracy on ``validation_images`` images, the resolution of the choice; the one rate per column) and
     ``results.csv`` from the rate sweep in ``out``."""
     records = load_records(out)
-    rates = best_learning_rates(records, columns, depths, **sweep_kwargs)
+    rates = best_learning_rates(records, validation_images, columns, depths, **sweep_kwargs)
     sweep.save_json(os.path.join(out, "rates.json"), rates_to_json(rates))
     rows, unresolved = [], 0
     for (scheme, warmup, depth), lr in rates["per_depth"].items():
@@ -642,8 +644,8 @@ def write_rates_report(out: str, validation_images: int, columns=COLUMNS, depths
                 + sweep.markdown_table(["column", "depth", "swept (runs)", "best rate", "bracketed",
                                         "val acc at best (%)", "lead over next-best rate (points)",
                                         "diverged runs"], rows)
-                + "\nOne rate for all depths (highest mean validation accuracy over the depths, a diverged run "
-                  "counting 0):\n\n" + sweep.markdown_table(["column", "rate"], one)
+                + "\nOne rate for all depths (the most validation images right summed over the depths, a diverged "
+                  "run counting 0; ties: the lower rate):\n\n" + sweep.markdown_table(["column", "rate"], one)
                 + divergence_by_rate(records, sorted(depths)[-2:]))
     sweep.write_csv(sorted(records, key=lambda r: (r["depth"], r["scheme"], not r["warmup"], r["learning_rate"])),
                     os.path.join(out, "results.csv"), RATE_CSV_FIELDS)

@@ -35,6 +35,13 @@ def accuracy(record: dict) -> float:
     return record["final_test_accuracy" if record.get("eval_split", "test") == "test" else "final_val_accuracy"]
 
 
+def correct_images(record: dict, images: int) -> int:
+    """The images of the evaluated split (``images`` of them) the run got right: its final accuracy is correct /
+    ``images``, so rounding accuracy × ``images`` recovers the count exactly. Choices compare these integers, never
+    sums of accuracies (two sums of the same counts can differ in the 16th digit)."""
+    return round(accuracy(record) * images)
+
+
 def require_validation(records: list[dict], what: str) -> None:
     """Selections are made on validation only: a record that evaluated another split is an error naming it."""
     wrong = sorted({r["run_id"] for r in records if r.get("eval_split") != "validation"})

@@ -314,16 +314,37 @@ def test_rates_are_chosen_per_depth_and_once_for_all_depths_on_validation():
                {12: {1e-3: .5, 2e-3: .9, 5e-3: .6}, 48: {1e-3: .8, 2e-3: .7, 5e-3: .1}}.items()
                for lr, a in accs.items()]
     records += [fake_record(depth=48, lr=5e-4, acc=.7)]                      # 48's best was at the low edge
-    rates = da.best_learning_rates(records, columns=(("layerscale", True),), depths=(12, 48),
+    rates = da.best_learning_rates(records, 100, columns=(("layerscale", True),), depths=(12, 48),
                                    start=(1e-3, 2e-3, 5e-3))
     assert rates["per_depth"] == {("layerscale", True, 12): 2e-3, ("layerscale", True, 48): 1e-3}
     assert rates["bracketed"] == {("layerscale", True, 12): True, ("layerscale", True, 48): True}
-    assert rates["one_rate"] == {("layerscale", True): 2e-3}                  # (.9 + .7) / 2 is the best mean
+    assert rates["one_rate"] == {("layerscale", True): 2e-3}                  # 90 + 70 of 100 images is the most
     assert da.rates_from_json(da.rates_to_json(rates)) == rates
     with pytest.raises(ValueError, match="validation split only"):
-        da.best_learning_rates([fake_record(split="test")], columns=(("layerscale", True),), depths=(12,))
+        da.best_learning_rates([fake_record(split="test")], 100, columns=(("layerscale", True),), depths=(12,))
     with pytest.raises(ValueError, match="unfinished"):
-        da.best_learning_rates(records[:2], columns=(("layerscale", True),), depths=(12,), start=(1e-3, 2e-3, 5e-3))
+        da.best_learning_rates(records[:2], 100, columns=(("layerscale", True),), depths=(12,),
+                               start=(1e-3, 2e-3, 5e-3))
+
+
+def test_the_one_rate_choice_compares_whole_images_and_breaks_a_tie_to_the_lower_rate():
+    # 1391 of 285 images at both 1e-2 and 2e-2 over the five depths in the committed rate sweep: the float sums of
+    # accuracy differ in the 16th digit (the audit of issue 37), the image counts do not; the rule's tie goes to 1e-2
+    records = da.load_records(os.path.join(da.CONVERGED_OUT, "rates"))
+    mine = {lr: [r for r in records if (r["scheme"], r["warmup"]) == ("layerscale", True)
+                 and math.isclose(r["learning_rate"], lr)] for lr in (1e-2, 2e-2)}
+    assert {lr: len(runs) for lr, runs in mine.items()} == {1e-2: 5, 2e-2: 5}
+    assert {lr: sum(da.vp.correct_images(r, 285) for r in runs) for lr, runs in mine.items()} == {1e-2: 1391,
+                                                                                                 2e-2: 1391}
+    floats = {lr: sum(r["final_val_accuracy"] for r in runs) for lr, runs in mine.items()}
+    assert floats == {1e-2: 4.8807017543859645, 2e-2: 4.880701754385965}          # the sum that broke the tie
+    rates = da.best_learning_rates(records, 285)
+    assert rates["one_rate"][("layerscale", True)] == 1e-2
+    # a synthetic tie: 1 + 2 against 2 + 1 of 3 images at two depths; the lower rate
+    tie = [fake_record(depth=d, lr=lr, acc=c / 3) for d, counts in {12: {1e-3: 1, 2e-3: 2}, 48: {1e-3: 2, 2e-3: 1}}
+           .items() for lr, c in counts.items()]
+    assert da.best_learning_rates(tie, 3, columns=(("layerscale", True),), depths=(12, 48),
+                                  start=(1e-3, 2e-3), max_extensions=0)["one_rate"] == {("layerscale", True): 1e-3}
 
 
 def test_rates_md_marks_a_choice_whose_lead_is_below_the_binomial_standard_error(tmp_path):
@@ -604,6 +625,6 @@ def test_the_rate_sweep_runs_round_after_round_until_bracketed_and_a_shard_stops
     assert not set(shard_runs) & set(trained[len(shard_runs):])           # nothing trained twice
     assert len(trained) == len(records) == 2 * 4
     assert sorted({r["learning_rate"] for r in records}) == [1e-3, 1e-2, 2e-2, 5e-2]
-    rates = da.best_learning_rates(records, columns, (12,), start=start)
+    rates = da.best_learning_rates(records, 285, columns, (12,), start=start)
     assert rates["per_depth"] == {("layerscale", True, 12): 2e-2, ("rezero", False, 12): 2e-2}
     assert all(rates["bracketed"].values())
