@@ -99,6 +99,57 @@ def converged_budget(finals: dict[int, float], tolerance: float) -> int | None:
     return None
 
 
+def label_smoothing_floor(smoothing: float, classes: int) -> float:
+    """The smallest cross-entropy a model can reach against label-smoothed targets, the targets' own entropy:
+    ``H = −(1 − ε + ε/K) ln(1 − ε + ε/K) − (K − 1)(ε/K) ln(ε/K)`` (0.5003 nats for ε = 0.1, K = 10)."""
+    on, off = 1 - smoothing + smoothing / classes, smoothing / classes
+    return -on * math.log(on) - ((classes - 1) * off * math.log(off) if off > 0 else 0.0)
+
+
+# The convergence check on final cells, fixed on 2026-12-04 before it was applied to any record (issue 37 item 2;
+# ``git log`` dates it): a cell (one column at one depth and rate, its seeds) has converged when both hold, over
+# its runs that did not diverge:
+#   1. the mean final train loss is within MAX_TRAIN_LOSS_GAP nats of the label-smoothing floor (the train set is
+#      fitted: a gap of 0.01 nats is 2% of the floor's 0.50);
+#   2. the mean gain of the evaluated accuracy over the run's last fifth (final evaluation minus the last one at or
+#      before 80% of the steps) is below one binomial standard error of that accuracy on the evaluated images —
+#      the budget stage's tolerance (``converged_budget``), applied to the evaluated split.
+# A cell that fails is labelled "not converged" wherever its numbers appear; it is not retrained on this rule's
+# account within the session that applies it (that would select on test).
+MAX_TRAIN_LOSS_GAP = 0.01
+LATE_FRACTION = 0.2
+
+
+def _accuracy_at(record: dict, step: int) -> float:
+    """The evaluated accuracy (%) of the last evaluation at or before ``step``."""
+    key = "test_accuracy" if record.get("eval_split", "test") == "test" else "val_accuracy"
+    return 100 * [e[key] for e in record["evaluations"] if key in e and e["step"] <= step][-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Convergence:
+    """A cell's convergence check: mean train-loss gap to the floor (nats), mean late gain (points) and the
+    binomial SE it is held to, and the verdict."""
+    runs: int
+    train_loss_gap: float
+    late_gain: float
+    late_gain_tolerance: float
+    converged: bool
+
+
+def convergence_check(runs: list[dict], floor: float, images: int, max_gap: float = MAX_TRAIN_LOSS_GAP,
+                      late_fraction: float = LATE_FRACTION) -> Convergence | None:
+    """The rule above on one cell's ``runs``; None when every run diverged (divergence is counted apart)."""
+    finished = [r for r in runs if not r["diverged"]]
+    if not finished:
+        return None
+    gap = statistics.mean(r["final_train_loss"] for r in finished) - floor
+    gain = statistics.mean(_accuracy_at(r, r["steps"]) - _accuracy_at(r, int((1 - late_fraction) * r["steps"]))
+                           for r in finished)
+    tolerance = binomial_standard_error(statistics.mean(100 * accuracy(r) for r in finished), images)
+    return Convergence(len(finished), gap, gain, tolerance, gap <= max_gap and gain < tolerance)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Learning rates: the 1-2-5 ladder, bracketed
 # ---------------------------------------------------------------------------------------------------------------

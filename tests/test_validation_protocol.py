@@ -100,3 +100,33 @@ def test_comparisons_give_welch_p_of_the_reference_against_each_column(tmp_path)
     assert f"| {expected.pvalue:.3g} |" in row and "+8.3" in row and "3/3 vs 3/3" in row
     assert "| 12 | method c | – | – | – | – | 3/3 vs 0/1 |" in table
     assert table.splitlines()[0].startswith("| depth | method a vs |")
+
+
+def test_the_label_smoothing_floor_is_the_smoothed_targets_entropy():
+    # ε = 0.1, K = 10: targets 0.91 and nine 0.01; 0.91 · 0.0943107 + 9 · 0.01 · 4.6051702 = 0.0858227 + 0.4144653
+    assert vp.label_smoothing_floor(0.1, 10) == pytest.approx(0.5002880, abs=1e-6)
+    assert vp.label_smoothing_floor(0.0, 10) == 0.0
+
+
+def _final_run(train_loss, late, last, diverged=False, steps=2000):
+    """A final run whose test accuracy is ``late`` at 80% of its steps and ``last`` at the end."""
+    return {"eval_split": "test", "diverged": diverged, "final_train_loss": train_loss, "steps": steps,
+            "final_test_accuracy": last / 100,
+            "evaluations": [{"step": 0}] + [{"step": s, "test_accuracy": a / 100} for s, a in
+                                            ((400, 50.0), (1200, 90.0), (1600, late), (2000, last))]}
+
+
+def test_the_convergence_check_holds_train_loss_to_the_floor_and_the_late_gain_to_one_standard_error():
+    floor = 0.5
+    # gap (0.505 + 0.507)/2 − 0.5 = 0.006; gain (0.5 + 0.3)/2 = 0.4 points; SE at 97.5% on 355 images:
+    # 100·√(0.975·0.025/355) = 0.8286 points
+    ok = vp.convergence_check([_final_run(0.505, 97.0, 97.5), _final_run(0.507, 97.2, 97.5)], floor, 355)
+    assert ok.runs == 2 and ok.train_loss_gap == pytest.approx(0.006) and ok.late_gain == pytest.approx(0.4)
+    assert ok.late_gain_tolerance == pytest.approx(0.8286, abs=1e-4) and ok.converged
+    # the train loss 0.017 above the floor: not converged, though the accuracy has stopped moving
+    assert not vp.convergence_check([_final_run(0.517, 97.5, 97.5)] * 2, floor, 355).converged
+    # +1.0 point over the last fifth (> 0.83): not converged; a diverged run does not count
+    late = vp.convergence_check([_final_run(0.501, 96.5, 97.5), _final_run(9.9, 10.0, 10.0, diverged=True)], floor,
+                                355)
+    assert late.runs == 1 and late.late_gain == pytest.approx(1.0) and not late.converged
+    assert vp.convergence_check([_final_run(9.9, 10.0, 10.0, diverged=True)], floor, 355) is None
