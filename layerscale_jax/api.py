@@ -31,6 +31,7 @@ from etils import epath
 from flax import nnx
 
 from layerscale_jax.cli import UserError
+from layerscale_jax.paths import as_path, is_url, read_json
 from layerscale_jax.train import config as config_lib
 from layerscale_jax.train.workdir import metrics_lines
 
@@ -137,13 +138,25 @@ def load_config(spec: str, overrides: Mapping[str, Any] | None = None,
 # ---------------------------------------------------------------------------------------------------------------
 # Training and loading runs.
 
+def _local_workdir(workdir: str | Path) -> Path:
+    """The local directory of a workdir written as the command line takes it (``~``, relative, ``file://PATH``);
+    ``gs://`` and other schemes raise ``UserError``: the Python API trains and reads local workdirs."""
+    path = as_path(workdir, "workdir")
+    if is_url(path):
+        raise UserError(f"workdir={str(workdir)!r}: fit and load_run use a local workdir (a path, ~/..., or "
+                        "file://PATH); train on gs:// with python -m layerscale_jax.train --workdir gs://..., and copy "
+                        "the workdir to this machine to load it (gcloud storage cp -r)")
+    return Path(path)
+
+
 def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *, ema: bool | None = None,
         restart: bool = False) -> Run:
     """Train ``config`` in this process, as ``python -m layerscale_jax.train`` would, and return the ``Run``.
 
-    ``workdir``: the run's local directory; an existing one is resumed from its newest checkpoint (a finished one is
-    returned without training; one of a different config is refused), None makes a new temporary directory (kept:
-    delete ``run.workdir`` when done). ``ema`` chooses the model's weights as in ``load_run``. ``restart=True``
+    ``workdir``: the run's local directory (a path, ``~/...`` or ``file://PATH``, as on the command line; ``gs://``
+    is refused: train there with the command line); an existing one is resumed from its newest checkpoint (a
+    finished one is returned without training; one of a different config is refused), None makes a new temporary
+    directory (kept: delete ``run.workdir`` when done). ``ema`` chooses the model's weights as in ``load_run``. ``restart=True``
     starts over in a workdir that holds an earlier run without a usable checkpoint (the CLI's ``--restart``: its
     files move to ``WORKDIR/previous/<time>/``).
 
@@ -157,7 +170,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *,
     from layerscale_jax.train.loop import train_and_evaluate
 
     config_lib.validate_experiment_config(config)
-    workdir = Path(tempfile.mkdtemp(prefix="layerscale_jax_run_") if workdir is None else workdir)
+    workdir = Path(tempfile.mkdtemp(prefix="layerscale_jax_run_")) if workdir is None else _local_workdir(workdir)
     try:
         start_step = workdir_checkpoint(workdir)[0]
     except (FileNotFoundError, ValueError):
@@ -181,15 +194,19 @@ def load_run(workdir: str | Path, *, step: int | None = None, ema: bool | None =
     """
     from layerscale_jax.convert.pretrained import checkpoint_config, load_workdir, workdir_checkpoint
 
-    workdir = Path(workdir)
+    given, workdir = workdir, _local_workdir(workdir)
+    if workdir.is_file():
+        raise UserError(f"workdir {str(given)!r} is a file, not a training workdir (a directory with checkpoints/); "
+                        "a converted model loads with layerscale_jax.convert.load_model, a timm file with from_timm")
     if not workdir.is_dir():
-        raise UserError(f"workdir {str(workdir)!r} does not exist")
+        raise UserError(f"workdir {str(given)!r} does not exist" + (f" ({workdir})" if str(workdir) != given else ""))
     step, directory = checkpoint = workdir_checkpoint(workdir, step)      # its files hashed once, here
     model, _ = load_workdir(workdir, ema=ema, checkpoint=checkpoint)
     model.eval()
     results = None
     if (workdir / "results.json").is_file():
-        results = json.loads((workdir / "results.json").read_text())
+        results = read_json(epath.Path(workdir) / "results.json", "delete it and rerun fit (or the training command): "
+                            "the final checkpoint is evaluated again")
         if results.get("steps") != step:
             results = None
     history = []

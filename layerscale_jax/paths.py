@@ -9,6 +9,7 @@ side files, logs and TensorBoard event files (``etils.epath``), TFDS and JAX's c
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -35,6 +36,16 @@ def write_text_atomically(path: epath.Path, text: str) -> None:
     tmp = path.parent / (path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def read_json(path: epath.Path, remedy: str):
+    """The JSON value in the file ``path``. A damaged file (torn, edited, overwritten) is a ``UserError`` naming the
+    file, the damage and ``remedy`` (what to do), not a bare "Expecting property name ..." on every rerun."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        problem = err
+    raise UserError(f"{path} is damaged ({problem}); {remedy}")
 
 
 def as_path(path, field: str = "path") -> epath.Path:

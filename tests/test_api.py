@@ -223,3 +223,36 @@ def test_a_torn_metrics_line_is_dropped_and_restart_starts_over_where_no_checkpo
     assert run.results == {**ema_run.results, "train_seconds": run.results["train_seconds"]}
     (previous,) = (workdir / "previous").iterdir()
     assert (previous / "metrics.jsonl").exists()
+
+
+def test_workdirs_are_read_as_the_command_line_reads_them(ema_run, tmp_path, monkeypatch):
+    """``~``, ``file://`` and relative workdirs name the directory the CLI would use; another scheme is refused
+    before anything is written (it trained into ``<cwd>/file:/...`` or ``<cwd>/memory:/...``)."""
+    import shutil
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    shutil.copytree(ema_run.workdir, tmp_path / "home" / "run")
+    by_home = lsj.load_run("~/run")
+    assert by_home.workdir == tmp_path / "home" / "run" and by_home.step == ema_run.step
+    assert lsj.load_run(f"file://{tmp_path}/home/run").step == ema_run.step
+    assert lsj.fit(ema_run.config, "file://~/run").results == by_home.results     # finished: returned as it is
+    for url, message in (("memory://run", "scheme 'memory://' is not supported"), ("gs://bucket/run", "local")):
+        with pytest.raises(UserError, match=message):
+            lsj.fit(ema_run.config, url)
+        with pytest.raises(UserError, match=message):
+            lsj.load_run(url)
+    assert sorted(os.listdir(tmp_path)) == ["home"]
+    (tmp_path / "weights.safetensors").write_bytes(b"")
+    with pytest.raises(UserError, match="'weights.safetensors' is a file, not a training workdir"):
+        lsj.load_run("weights.safetensors")
+
+
+def test_a_damaged_results_file_is_named_with_what_to_do(ema_run, tmp_path):
+    import shutil
+    workdir = tmp_path / "damaged"
+    shutil.copytree(ema_run.workdir, workdir)
+    (workdir / "results.json").write_text('{"test_accuracy": 0.5, steps')
+    with pytest.raises(UserError, match=r"results\.json is damaged \(Expecting .*\); delete it and rerun fit"):
+        lsj.load_run(workdir)
+    (workdir / "results.json").unlink()
+    assert lsj.fit(ema_run.config, workdir).results["test_accuracy"] == ema_run.results["test_accuracy"]

@@ -47,6 +47,8 @@ def files(tmp_path_factory):
     (root / "not_python.txt").write_text("x = 1\n")
     (root / "broken_config.py").write_text("def get_config(:\n")
     (root / "no_get_config.py").write_text("X = 1\n")
+    (root / "damaged_model").mkdir()
+    (root / "damaged_model" / "model.json").write_text('{"format": "layerscale_jax.save_pretrained/v1", model')
     (root / "locked").mkdir()
     (root / "locked" / "lock.json").write_text(json.dumps({    # a live holder: its heartbeat is recent
         "host": "other-host", "pid": 4242, "started": "2026-01-01T00:00:00", "heartbeat_every": 86400,
@@ -112,6 +114,8 @@ def _bad_inputs(f, tmp):
         (convert_main, model + ["--source", str(f / "wrong_keys.safetensors"), "--set", "depth", *conv_out],
          ["--set", "depth"]),
         (convert_main, model + ["--source", str(f / "wrong_keys.safetensors")], ["nothing to write"]),
+        (convert_main, ["--source", str(f / "damaged_model"), *conv_out],
+         ["model.json is damaged", "convert the weights again"]),
         # convert: outputs, checked before anything is read; nothing is overwritten
         (convert_main, model + ["--source", str(f / "wrong_keys.safetensors"), "--out", str(f / "text.npz")],
          ["--out", "text.npz", "is a file"]),

@@ -528,3 +528,29 @@ def test_a_save_that_cannot_create_its_step_directory_stops_without_waiting_for_
     assert "Timeout waiting for key" not in caplog.text
     monkeypatch.undo()                                          # writable again: the rerun resumes
     assert loop_lib.train_and_evaluate(config(), str(tmp_path / "immutable"))["resumed_from_step"] == 2
+
+
+@pytest.mark.parametrize("damaged", ["results.json", "config.json"])
+def test_a_damaged_results_or_config_file_is_named_with_what_to_do(finished, tmp_path, damaged):
+    from layerscale_jax.cli import UserError
+    workdir = copy_run(finished, tmp_path, f"damaged_{damaged}")
+    with open(os.path.join(workdir, damaged), "w") as f:
+        f.write('{"steps": 6, model')
+    remedy = ("delete it and rerun: the final checkpoint is evaluated again" if damaged == "results.json" else
+              "copy checkpoints/<newest step>/config/metadata over it")
+    with pytest.raises(UserError, match=rf"{damaged} is damaged \(Expecting .*\); .*{re.escape(remedy)}"):
+        loop_lib.train_and_evaluate(config(), workdir)
+    if damaged == "results.json":
+        os.remove(os.path.join(workdir, damaged))
+    else:
+        shutil.copy(os.path.join(workdir, "checkpoints", str(STEPS), "config", "metadata"),
+                    os.path.join(workdir, damaged))
+    assert loop_lib.train_and_evaluate(config(), workdir)["test_accuracy"] == finished[1]["test_accuracy"]
+
+
+def test_another_config_with_fewer_steps_on_a_finished_workdir_names_the_differing_fields_first(finished, tmp_path):
+    workdir = copy_run(finished, tmp_path, "other_and_shorter")
+    other = config()
+    other.model.depth, other.train.steps = 3, 4
+    with pytest.raises(workdir_lib.WorkdirError, match=r"different config \(model\.depth: 2 → 3\)"):
+        loop_lib.train_and_evaluate(other, workdir)

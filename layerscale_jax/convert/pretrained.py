@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from flax import nnx
 
 from layerscale_jax.checksums import corruption
@@ -42,6 +43,7 @@ from layerscale_jax.models.layout import STACKED_KEY
 from layerscale_jax.models.mae import MAEConfig
 from layerscale_jax.models.registry import create_from_config, create_model, list_models, model_config
 from layerscale_jax.orbax_failures import log_orbax_errors_on_one_line, release_waiting_save_threads
+from layerscale_jax.paths import read_json
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +191,8 @@ def _timm_source(tensors: Mapping[str, np.ndarray], description: str) -> _Source
 def read_model_json(path: str | Path) -> dict:
     """The ``model.json`` record of a ``save_pretrained`` directory."""
     path = Path(path)
-    with open(path / MODEL_JSON) as f:
-        record = json.load(f)
+    record = read_json(epath.Path(path) / MODEL_JSON, "convert the weights again (python -m layerscale_jax.convert "
+                       "... --out DIR --overwrite) or save_pretrained(model, DIR, overwrite=True)")
     if record.get("format") != FORMAT:
         raise ValueError(f"{str(path / MODEL_JSON)!r}: format {record.get('format')!r}, expected {FORMAT!r}")
     return record

@@ -22,7 +22,7 @@ from flax import nnx
 from layerscale_jax import data as data_lib
 from layerscale_jax import optim
 from layerscale_jax.models import create_model
-from layerscale_jax.paths import as_path, write_text_atomically
+from layerscale_jax.paths import as_path, read_json, write_text_atomically
 from layerscale_jax.runtime import stop_signals
 from layerscale_jax.data.sharding import process_batch_rows
 from layerscale_jax.train import sharding as shard_lib
@@ -276,8 +276,10 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
     accepted, problem = [], None
     if is_primary:
         try:
+            has_checkpoints = checkpointer.latest_step() is not None
+            workdir_lib.check_stored_config(workdir, config_json, has_checkpoints, write=False)   # fields first
             workdir_lib.check_resumable(workdir, checkpointer.directory, checkpointer.latest_step(), tc.steps)
-            accepted = workdir_lib.check_stored_config(workdir, config_json, checkpointer.latest_step() is not None)
+            accepted = workdir_lib.check_stored_config(workdir, config_json, has_checkpoints)
         except workdir_lib.WorkdirError as err:
             problem = str(err)
     problem = broadcast_from_primary(problem)
@@ -287,7 +289,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
     for change in accepted:
         print(f"config changed since the stored run (accepted): {change}", flush=True)
     if checkpointer.latest_step() == tc.steps and results_path.exists():
-        results = json.loads(results_path.read_text())
+        results = read_json(results_path, "delete it and rerun: the final checkpoint is evaluated again")
         if results.get("steps") == tc.steps:
             checkpointer.close()
             if is_primary:

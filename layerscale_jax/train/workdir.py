@@ -12,7 +12,7 @@ import time
 from etils import epath
 
 from layerscale_jax.cli import UserError
-from layerscale_jax.paths import write_text_atomically
+from layerscale_jax.paths import read_json, write_text_atomically
 
 # Config fields that may differ between the run that wrote a workdir and the run that resumes it: they change how
 # long the run goes on, what it logs, how it is laid out on devices, not what the checkpoints hold.
@@ -70,21 +70,26 @@ def config_changes(stored: dict, current: dict) -> tuple[list[str], list[str]]:
     return refused, accepted
 
 
-def check_stored_config(workdir: epath.Path, config_json: dict, has_checkpoints: bool) -> list[str]:
-    """Compare ``config_json`` with the config stored in ``workdir`` (writing it on the first run).
+def check_stored_config(workdir: epath.Path, config_json: dict, has_checkpoints: bool,
+                        write: bool = True) -> list[str]:
+    """Compare ``config_json`` with the config stored in ``workdir`` (writing it on the first run; ``write=False``:
+    only compare).
 
     Raises ``WorkdirError`` listing the fields that make the checkpoints unusable; returns the accepted changes.
     """
     path = workdir / "config.json"
     if path.exists() and has_checkpoints:
-        refused, accepted = config_changes(json.loads(path.read_text()), config_json)
+        stored = read_json(path, "it is a copy of the config stored with each checkpoint: copy "
+                                 "checkpoints/<newest step>/config/metadata over it, then rerun")
+        refused, accepted = config_changes(stored, config_json)
         if refused:
             raise WorkdirError(
                 f"workdir {workdir} holds a run of a different config ({'; '.join(refused)}); resume it with the "
                 f"stored config ({path}) or use a new --workdir")
     else:
         accepted = []
-    write_text_atomically(path, json.dumps(config_json, indent=2))
+    if write:
+        write_text_atomically(path, json.dumps(config_json, indent=2))
     return accepted
 
 
