@@ -47,6 +47,8 @@ def files(tmp_path_factory):
     (root / "not_python.txt").write_text("x = 1\n")
     (root / "broken_config.py").write_text("def get_config(:\n")
     (root / "no_get_config.py").write_text("X = 1\n")
+    (root / "raising_config.py").write_text("def get_config():\n    settings = {}\n    return settings['depth']\n")
+    (root / "raising_module.py").write_text("import os\nDEPTH = 1 / 0\n")
     (root / "damaged_model").mkdir()
     (root / "damaged_model" / "model.json").write_text('{"format": "layerscale_jax.save_pretrained/v1", model')
     (root / "locked").mkdir()
@@ -71,6 +73,10 @@ def _bad_inputs(f, tmp):
         (train_main, ["--config", str(f / "not_python.txt"), *wd], ["not_python.txt", "not a Python file"]),
         (train_main, ["--config", str(f / "broken_config.py"), *wd], ["broken_config.py", "not valid Python"]),
         (train_main, ["--config", str(f / "no_get_config.py"), *wd], ["no_get_config.py", "get_config"]),
+        (train_main, ["--config", str(f / "raising_config.py"), *wd],
+         ["raising_config.py", "get_config() failed at line 3: KeyError: 'depth'"]),
+        (train_main, ["--config", str(f / "raising_module.py"), *wd],
+         ["raising_module.py", "failed at line 2: ZeroDivisionError"]),
         (train_main, ["--config", DIGITS + ":detph=3", *wd], ["'detph'", "did you mean 'depth'"]),
         (train_main, ["--config", DIGITS + ":depth=x", *wd], ["depth='x'", "not an int"]),
         (train_main, ["--config", DIGITS, *wd, "--config.model.dept=3"],

@@ -47,6 +47,7 @@ import importlib.util
 import math
 import os
 import sys
+import traceback
 
 import ml_collections
 
@@ -187,6 +188,13 @@ def validate_experiment_config(config) -> None:
     validate_finetune(config)
 
 
+def _where_in(path: str, err: BaseException) -> str:
+    """``" at line N"``: the last line of the config file ``path`` in ``err``'s traceback (``""`` if none)."""
+    lines = [frame.lineno for frame in traceback.extract_tb(err.__traceback__)
+             if os.path.abspath(frame.filename) == os.path.abspath(path)]
+    return f" at line {lines[-1]}" if lines else ""
+
+
 def load_config(spec: str) -> ml_collections.ConfigDict:
     """The config of ``configs/X.py[:arg]``: the file's ``get_config(arg)`` (``get_config()`` without an
     argument). Raises ``UserError`` naming the file for a missing or unreadable file, ``ValueError`` for a bad
@@ -207,17 +215,24 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
         raise UserError(f"config file {path!r} is not valid Python (line {err.lineno}: {err.msg})") from err
     except ImportError as err:
         raise UserError(f"config file {path!r} cannot be imported: {err}") from err
+    except Exception as err:  # noqa: BLE001 - the user's file failed while it ran: name it and where, no traceback
+        raise UserError(f"config file {path!r} failed{_where_in(path, err)}: {type(err).__name__}: {err}") from err
     get_config = getattr(module, "get_config", None)
     if not callable(get_config):
         raise UserError(f"config file {path!r} defines no get_config() function")
     try:
         config = get_config(arg) if arg is not None else get_config()
+    except UserError:
+        raise
     except ValueError as err:
         raise ValueError(f"config file {spec!r}: {err}") from err
     except TypeError as err:
         if arg is not None and "positional argument" in str(err):
             raise UserError(f"config file {path!r} takes no argument, got {arg!r}") from err
-        raise
+        raise UserError(f"config file {path!r}: get_config() failed{_where_in(path, err)}: TypeError: {err}") from err
+    except Exception as err:  # noqa: BLE001 - as above: an error in the user's own code, named with its line
+        raise UserError(f"config file {path!r}: get_config() failed{_where_in(path, err)}: "
+                        f"{type(err).__name__}: {err}") from err
     if not isinstance(config, ml_collections.ConfigDict):
         raise UserError(f"config file {path!r}: get_config() returned a {type(config).__name__}, "
                         "not an ml_collections.ConfigDict")
