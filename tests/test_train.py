@@ -263,10 +263,23 @@ def test_nonfinite_loss_stops_the_run_naming_step_and_checkpoint(tmp_path):
         assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(restored[1]["params"]))
 
 
-def test_nonfinite_skip_mode_skips_updates_and_counts_them(tmp_path):
+def test_nonfinite_skip_mode_skips_updates_and_counts_them(tmp_path, capsys):
+    """The count is in the final line (it was only in results.json)."""
     results = loop_lib.train_and_evaluate(_exploding_config("skip"), str(tmp_path / "skip"))
     assert results["nonfinite_steps"] > 0
     assert results["steps"] == STEPS
+    final = [line for line in capsys.readouterr().out.splitlines() if line.startswith("test accuracy")]
+    assert f"({results['nonfinite_steps']} of the {STEPS} steps were skipped" in final[-1]
+
+
+def test_a_non_finite_loss_is_logged_without_a_tensorboard_warning_for_each(tmp_path, caplog):
+    from layerscale_jax.train.metrics import MetricsWriter
+    writer = MetricsWriter(tmp_path, total_steps=2)
+    with caplog.at_level("WARNING"):
+        writer.write(1, {"train_loss": float("nan"), "grad_norm": float("inf")})
+    writer.close()
+    assert "NaN or Inf" not in caplog.text
+    assert read_metrics(str(tmp_path))[0]["step"] == 1
 
 
 # -- multi-process: tests/test_multihost.py ---------------------------------------------------------------------
@@ -318,3 +331,29 @@ def test_a_run_evaluated_on_validation_names_its_metrics_val_not_test(tmp_path):
     assert not [k for k in results if k.startswith("test_")]
     evaluations = [r for r in read_metrics(tmp_path) if "val_accuracy" in r]
     assert [r["step"] for r in evaluations] == [2, 4]      # the checkpoints of both kept the best by val_accuracy
+
+
+def test_a_damaged_compilation_cache_entry_is_replaced_by_the_next_compile(tmp_path):
+    """An entry overwritten with random bytes: JAX warns once and compiles (it used to warn and recompile on every
+    run, never replacing the entry); the next run loads the replaced entry without a warning."""
+    import subprocess
+    import sys
+    cache = tmp_path / "cache"
+    program = ("import sys; from layerscale_jax.train.loop import use_compilation_cache; "
+               "use_compilation_cache(sys.argv[1]); import jax, jax.numpy as jnp; "
+               "print(jax.jit(lambda x: jnp.sin(x) * 2 + 1)(jnp.arange(3.0)))")
+
+    def run():
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "1"}
+        env.pop("JAX_COMPILATION_CACHE_DIR", None)
+        done = subprocess.run([sys.executable, "-c", program, str(cache)], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    run()
+    entries = sorted(cache.glob("*-cache"))
+    assert entries
+    for entry in entries:
+        entry.write_bytes(np.random.default_rng(0).bytes(entry.stat().st_size))
+    assert "Error reading persistent compilation cache entry" in run()
+    assert "Error reading persistent compilation cache entry" not in run()

@@ -220,10 +220,36 @@ def use_compilation_cache(directory: str) -> None:
     """JAX's persistent compilation cache in ``directory`` (``train.compilation_cache_dir``; '' leaves it off): a
     restarted job loads its compiled programs instead of compiling them again. Every program is cached however fast
     it compiled (JAX's default skips those under 1 s: the restore's small ones add up); the minimum entry size stays
-    JAX's choice for the filesystem. Takes effect only before the process's first compilation."""
+    JAX's choice for the filesystem. Takes effect only before the process's first compilation. A damaged entry heals
+    (``_replace_damaged_cache_entries``)."""
     if directory:
         jax.config.update("jax_compilation_cache_dir", os.fspath(as_path(directory, "train.compilation_cache_dir")))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    _replace_damaged_cache_entries()
+
+
+def _replace_damaged_cache_entries() -> None:
+    """A damaged entry of the persistent compilation cache (a job killed or a disk filled while JAX wrote it, a
+    changed file) fails to load on every run: JAX warns and compiles again, but never replaces it (it writes no key
+    that exists). Here an entry that fails to load is deleted first, so that JAX's one warning is followed by the
+    compiled program replacing it: the next run loads it."""
+    from jax._src import compilation_cache
+
+    load = compilation_cache.get_executable_and_time
+    if getattr(load, "replaces_damaged_entries", False):
+        return
+
+    def load_or_delete(cache_key, *args, **kwargs):
+        try:
+            return load(cache_key, *args, **kwargs)
+        except Exception:
+            root = getattr(compilation_cache._cache, "path", None)
+            if root is not None:
+                (root / f"{cache_key}-cache").unlink(missing_ok=True)
+            raise                                          # JAX warns once, compiles, and writes the entry again
+
+    load_or_delete.replaces_damaged_entries = True
+    compilation_cache.get_executable_and_time = load_or_delete
 
 
 def train_and_evaluate(config, workdir, devices=None, *, restart: bool = False) -> dict:
@@ -416,6 +442,10 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
         write_text_atomically(results_path, json.dumps(results, indent=2))
         metrics = (f"{trainer.task.prefix}_accuracy", f"{trainer.task.prefix}_loss")
         tested = ", ".join(f"{k.replace('_', ' ')} {results[k]:.4f}" for k in metrics if k in results)
+        skipped = results["nonfinite_steps"]
+        if skipped:                    # train.nonfinite='skip': say so where the result is read, not only in json
+            tested += (f" ({skipped} of the {step} steps were skipped, their loss, gradient or update non-finite: "
+                       "lower optim.learning_rate or set optim.grad_clip_norm)")
         print(f"{tested} after {step} steps ({train_seconds:.1f} s)\n"
               f"checkpoints: {checkpointer.directory}\nmetrics: {writer.jsonl_path}\n"
               f"TensorBoard: tensorboard --logdir {writer.tb_dir}\nresults: {results_path}",

@@ -66,6 +66,8 @@ class MetricsWriter:
             workdir.mkdir(parents=True, exist_ok=True)
             from tensorboardX import record_writer
             from tensorboardX.event_file_writer import EventsWriter
+            # A non-finite loss is logged as it is (train.nonfinite='skip'); tensorboardX warned once per value.
+            logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
             for scheme in CLOUD_SCHEMES:          # event files on gs:// through etils.epath, like every other file
                 record_writer.register_writer_factory(scheme, _EpathEventFiles())
             # Events are written here, not by tensorboardX's SummaryWriter: its writer thread dies on a failed
