@@ -10,7 +10,7 @@ not included.
 """
 import ml_collections
 
-from layerscale_jax.data.config import default_data_config
+from layerscale_jax.data.config import default_data_config, use_sharded_input
 from layerscale_jax.optim import default_config as default_optim_config
 from layerscale_jax.train.config import default_train_config, model_section, parse_config_arg
 
@@ -24,7 +24,7 @@ IMAGENET_TRAIN_EXAMPLES = 1_281_167
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     args = parse_config_arg(arg, {"variant": "xxs24", "epochs": 400, "batch_size": 1024, "scan_layers": True,
-                                  "dtype": "bfloat16", "remat": "none"})
+                                  "dtype": "bfloat16", "remat": "none", "workers": 8})
     if args["variant"] not in VARIANTS:
         raise ValueError(f"variant={args['variant']!r} is not one of {sorted(VARIANTS)}")
     name, drop_path = VARIANTS[args["variant"]]
@@ -33,6 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                  dtype=args["dtype"], remat=args["remat"])
 
     config.data = default_data_config("imagenet2012")
+    use_sharded_input(config.data, args["workers"])
     config.data.image_size = config.model.img_size
     config.data.augment.random_resized_crop = True
     config.data.augment.hflip = True

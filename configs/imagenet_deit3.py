@@ -10,7 +10,7 @@ cross-entropy, and no repeated augmentation.
 """
 import ml_collections
 
-from layerscale_jax.data.config import default_data_config
+from layerscale_jax.data.config import default_data_config, use_sharded_input
 from layerscale_jax.optim import default_config as default_optim_config
 from layerscale_jax.train.config import default_train_config, model_section, parse_config_arg
 
@@ -25,7 +25,7 @@ IMAGENET_TRAIN_EXAMPLES = 1_281_167
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     args = parse_config_arg(arg, {"variant": "S", "epochs": 400, "batch_size": 2048, "scan_layers": True,
-                                  "dtype": "bfloat16", "remat": "none"})
+                                  "dtype": "bfloat16", "remat": "none", "workers": 8})
     if args["variant"] not in VARIANTS:
         raise ValueError(f"variant={args['variant']!r} is not one of {sorted(VARIANTS)}")
     name, drop_path = VARIANTS[args["variant"]]
@@ -34,6 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                  scan_layers=args["scan_layers"], dtype=args["dtype"], remat=args["remat"])
 
     config.data = default_data_config("imagenet2012")
+    use_sharded_input(config.data, args["workers"])
     config.data.image_size = 224
     config.data.augment.random_resized_crop = False
     config.data.augment.crop_padding = 4

@@ -15,7 +15,7 @@ LayerScale: ε = 1e-4, the official DeiT III training value (timm's checkpoints 
 """
 import ml_collections
 
-from layerscale_jax.data.config import default_data_config
+from layerscale_jax.data.config import default_data_config, use_sharded_input
 from layerscale_jax.optim import default_config as default_optim_config
 from layerscale_jax.train.config import default_train_config, model_section, parse_config_arg
 
@@ -26,7 +26,7 @@ IMAGENET_TRAIN_EXAMPLES = 1_281_167
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     args = parse_config_arg(arg, {"variant": "B", "epochs": 800, "batch_size": 4096, "scan_layers": True,
-                                  "dtype": "bfloat16"})
+                                  "dtype": "bfloat16", "workers": 8})
     if args["variant"] not in VARIANTS:
         raise ValueError(f"variant={args['variant']!r} is not one of {sorted(VARIANTS)}")
     config = ml_collections.ConfigDict()
@@ -35,6 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                  scan_layers=args["scan_layers"], dtype=args["dtype"])
 
     config.data = default_data_config("imagenet2012")
+    use_sharded_input(config.data, args["workers"])
     config.data.image_size = 224
     config.data.augment.random_resized_crop = True
     config.data.augment.crop_scale = (0.2, 1.0)

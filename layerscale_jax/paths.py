@@ -62,3 +62,48 @@ def as_path(path, field: str = "path") -> epath.Path:
         return epath.Path(text)
     raise UserError(f"{field}={text!r}: the scheme '{scheme}://' is not supported; use a local path, file://PATH or "
                     f"gs://BUCKET/PATH")
+
+
+def move_all(journal: epath.Path, moves: list[tuple[epath.Path, epath.Path]]) -> None:
+    """Move each ``(source, target)`` of ``moves`` (files or directories) so that a job killed midway leaves no
+    half-done state behind for good: the list is written to ``journal`` first, and ``finish_moves(journal)``, which
+    the next start calls, completes it.
+
+    On a local disk each move is a rename (atomic). On an object store there is no rename: a directory moves object
+    by object, each copied then deleted, so a kill can leave some objects in both places or only in the source;
+    finishing moves what is still in the source (copying again what was copied but not deleted), then removes the
+    journal. The journal is written whole, so it is there with every move or not at all.
+    """
+    write_text_atomically(journal, json.dumps([[os.fspath(src), os.fspath(dst)] for src, dst in moves]))
+    finish_moves(journal)
+
+
+def finish_moves(journal: epath.Path) -> list[tuple[str, str]]:
+    """Complete the moves ``journal`` lists (``move_all``), then remove it; the moves (none: no journal)."""
+    if not journal.exists():
+        return []
+    moves = [(src, dst) for src, dst in json.loads(journal.read_text())]
+    for src, dst in moves:
+        _move(epath.Path(src), epath.Path(dst))
+    journal.unlink()
+    return moves
+
+
+def _move(src: epath.Path, dst: epath.Path) -> None:
+    """Move what is left of ``src`` to ``dst`` (nothing left: moved already)."""
+    if not src.exists():
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if not is_url(src) and not dst.exists():
+        src.rename(dst)
+        return
+    if not src.is_dir():
+        src.replace(dst)
+        return
+    for directory, _, files in src.walk():
+        for name in sorted(files):
+            source = epath.Path(directory) / name
+            target = dst / source.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source.replace(target)              # an object store: copy, then delete
+    src.rmtree()                                # the prefixes left empty

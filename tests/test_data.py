@@ -14,7 +14,7 @@ from PIL import Image
 from layerscale_jax import data
 from layerscale_jax.data import config as data_config_lib
 from layerscale_jax.data import digits as digits_lib
-from layerscale_jax.data import randaugment, sources, transforms
+from layerscale_jax.data import pipeline, randaugment, sources, transforms
 
 
 @pytest.fixture(scope="module")
@@ -307,6 +307,91 @@ def test_state_of_another_run_is_refused(data_dir):
 def test_worker_processes_produce_the_same_batches_as_in_process(data_dir):
     in_process = train_batches(digits_config(data_dir), 3, 16)
     assert_same_batches(train_batches(digits_config(data_dir, num_workers=1), 3, 16), in_process)
+
+
+def test_a_state_saved_with_worker_processes_resumes_exactly_without_them(data_dir):
+    """The ImageNet configs run worker processes: their iterator state is the same small dict (batches built ahead
+    are dropped and built again), so a run may resume with another number of workers."""
+    it = data.make_train_iterator(digits_config(data_dir, num_workers=1), global_batch_size=16, seed=2,
+                                  process_index=0, process_count=1)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    expected = take(it, 2)
+    resumed = data.make_train_iterator(digits_config(data_dir), global_batch_size=16, seed=2, process_index=0,
+                                       process_count=1)
+    resumed.set_state(state)
+    assert_same_batches(take(resumed, 2), expected)
+
+
+# ------------------------------------------------------------------------------------------------ read plan
+
+
+class _RecordingSource(sources.InMemorySource):
+    """Records which keys each read asks for."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads = []
+
+    def read(self, keys):
+        self.reads.append([int(k) for k in keys])
+        return super().read(keys)
+
+
+@pytest.fixture
+def numbered_source(monkeypatch):
+    """240 one-pixel records whose pixel is the record's key (mod 256), read as 'digits' without a cache."""
+    images = [np.full((1, 1, 1), k, np.uint8) for k in range(240)]
+    source = _RecordingSource(images, [k % 10 for k in range(240)], name="numbered")
+    monkeypatch.setattr(sources, "open_sources", lambda settings: (source, source, 10, 1))
+    cfg = data.default_data_config("digits")
+    cfg.update(cache=False, image_size=1, prefetch=0, mixup_alpha=0.0, cutmix_alpha=0.0)
+    cfg.augment.update(crop_padding=0, random_resized_crop=False)
+    return source, cfg
+
+
+def keys_of(batches, mean, std):
+    return [int(round((x * std + mean) * 255)) for b in batches for x in b["image"].ravel()]
+
+
+def test_the_block_read_plan_reads_few_blocks_in_key_order_and_visits_every_record_once_per_epoch(numbered_source):
+    """data.read_block = 10, read_window = 2 (240 records: 24 blocks): every epoch is a permutation of the 240
+    records, different per epoch; each process's part of a batch (12 of 48 rows) comes from at most 2 windows of
+    2 blocks, and is read from the source in increasing key order."""
+    source, cfg = numbered_source
+    cfg.update(read_block=10, read_window=2)
+    (mean,), (std,) = pipeline.normalization("digits", 1)
+    batches = train_batches(cfg, 10, 48, process_index=1, process_count=4)      # 2 epochs of 5 global batches
+    assert all(read == sorted(read) for read in source.reads)
+    for batch in batches:
+        blocks = {k // 10 for k in keys_of([batch], mean, std)}
+        assert len(blocks) <= 4
+    epochs = []
+    for e in range(2):
+        seen = []
+        for p in range(4):
+            seen += keys_of(train_batches(cfg, 10, 48, process_index=p, process_count=4)[5 * e: 5 * e + 5], mean, std)
+        epochs.append(seen)
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(240)) and epochs[0] != epochs[1]
+    cfg.read_block = 0                                                      # without the plan: spread out
+    assert len({k // 10 for k in keys_of(train_batches(cfg, 1, 48, process_index=1, process_count=4), mean, std)}) > 4
+
+
+def test_resume_with_the_block_read_plan_is_exact_on_any_process_count(numbered_source):
+    """The plan is a function of (seed, epoch): a state saved by one process resumes on 4 (and each reads its rows
+    of the uninterrupted batches)."""
+    _, cfg = numbered_source
+    cfg.update(read_block=10, read_window=3)
+    it = data.make_train_iterator(cfg, global_batch_size=48, seed=5, process_index=0, process_count=1)
+    for _ in range(7):                                           # into the second epoch (5 batches per epoch)
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    expected = take(it, 4)
+    for p in range(4):
+        resumed = data.make_train_iterator(cfg, global_batch_size=48, seed=5, process_index=p, process_count=4)
+        resumed.set_state(state)
+        assert_same_batches(take(resumed, 4), [{k: v[12 * p: 12 * (p + 1)] for k, v in b.items()} for b in expected])
 
 
 # ------------------------------------------------------------------------------------------------ eval

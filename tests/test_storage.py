@@ -152,3 +152,151 @@ def test_a_json_file_of_a_run_is_replaced_whole_or_not_at_all(tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         write_text_atomically(path, '{"steps": 2, "test_accuracy": 0.9}')
     assert json.loads(open(path).read()) == {"steps": 1}
+
+
+# -- object-store semantics (tests/cloud_bucket.py's FakeBucket): no append, no rename, a write rate per object ----
+
+def test_the_fake_bucket_keeps_gcs_semantics(tmp_path):
+    """What the storage tests rely on: an append rewrites the whole object, an upload that fails publishes nothing,
+    a directory renames object by object (a kill leaves it half done), an object written too often is refused."""
+    from cloud_bucket import Killed
+    with cloud_bucket(tmp_path, burst=3) as bucket:
+        log = epath.Path("gs://b/log")
+        log.write_text("a\n")
+        with log.open("a") as f:
+            f.write("b\n")
+        assert log.read_text() == "a\nb\n" and bucket.writes["gs://b/log"] == 2
+        with pytest.raises(RuntimeError), log.open("w") as f:
+            f.write("torn")
+            raise RuntimeError("the writer died")
+        assert log.read_text() == "a\nb\n"
+        with pytest.raises(OSError, match="429 Too Many Requests: the object gs://b/log"):
+            log.write_text("c\n")
+            log.write_text("d\n")
+        for name in ("x", "y", "z"):
+            (epath.Path("gs://b/dir") / name).write_text(name)
+        bucket.kill_after(3)                      # copy x, delete x, copy y: then the job dies
+        with pytest.raises(Killed):
+            epath.Path("gs://b/dir").rename("gs://b/moved")
+        assert sorted(os.listdir(tmp_path / "b" / "dir")) == ["y", "z"]
+        assert sorted(os.listdir(tmp_path / "b" / "moved")) == ["x", "y"]
+
+
+def test_metrics_on_a_bucket_are_buffered_and_written_as_whole_objects_within_the_write_rate(tmp_path):
+    """100 records logged in a tight loop: none is written by the loop thread, each flush writes the whole log as
+    one object (the fake refuses more than a burst of writes to one object), and every record is in it."""
+    from layerscale_jax.train.metrics import MetricsWriter
+    with cloud_bucket(tmp_path) as bucket:
+        writer = MetricsWriter("gs://bucket/run", total_steps=100)
+        for step in range(1, 101):
+            writer.write(step, {"train_loss": 1.0 / step})
+        assert bucket.writes["gs://bucket/run/metrics.jsonl"] == 0
+        writer.flush()
+        writer.write(101, {"train_loss": 0.0})
+        writer.close()
+        assert bucket.writes["gs://bucket/run/metrics.jsonl"] == 2
+    assert [r["step"] for r in read_metrics(tmp_path / "bucket" / "run")] == list(range(1, 102))
+
+
+def test_a_stop_on_sigterm_loses_no_metrics_on_a_bucket(tmp_path, monkeypatch):
+    """SIGTERM at step 3 of a run that checkpoints only at its end: the stop path flushes the buffered records
+    before its checkpoint, so the log holds steps 1-3."""
+    from layerscale_jax.train.metrics import MetricsWriter
+    original = MetricsWriter.write
+
+    def write(self, step, scalars):
+        original(self, step, scalars)
+        if step == 3:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(MetricsWriter, "write", write)
+    cfg = config()
+    cfg.train.checkpoint_every = 0
+    monkeypatch.chdir(tmp_path)
+    with cloud_bucket(tmp_path / "bucket"):
+        assert loop_lib.train_and_evaluate(cfg, "gs://bucket/run") == {"preempted_at_step": 3}
+    run = tmp_path / "bucket" / "bucket" / "run"
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+    assert (run / "checkpoints" / "3" / "commit_success.txt").exists()
+
+
+def _fill(root: epath.Path, names) -> dict:
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(f"content of {name}")
+    return {name: f"content of {name}" for name in names}
+
+
+def _files(local_root) -> dict:
+    return {os.path.relpath(os.path.join(d, f), local_root): open(os.path.join(d, f)).read()
+            for d, _, files in os.walk(local_root) for f in files}
+
+
+RUN_FILES = ("checkpoints/2/state/a", "checkpoints/2/state/b", "checkpoints/meta/2/window.json", "config.json",
+             "metrics.jsonl", "tensorboard/events.1")
+
+
+@pytest.mark.parametrize("killed_after", range(0, 2 * len(RUN_FILES) + 1, 1))
+def test_a_restart_killed_midway_on_a_bucket_is_finished_by_the_next_start(tmp_path, killed_after):
+    """``--restart`` moves the earlier run object by object (copy, delete): killed after any number of object
+    operations, the next start finishes the move, and every file is in previous/<time>/ once, intact."""
+    from cloud_bucket import Killed
+
+    from layerscale_jax.train import workdir as workdir_lib
+    with cloud_bucket(tmp_path) as bucket:
+        workdir = epath.Path("gs://bucket/run")
+        expected = _fill(workdir, RUN_FILES)
+        (workdir / "lock.json").write_text("{}")
+        bucket.kill_after(killed_after)
+        try:
+            target = workdir_lib.move_aside(workdir)
+            bucket.kill_after(None)
+        except Killed:
+            target = workdir_lib.finish_restart(workdir)       # what the next start does first
+        assert workdir_lib.finish_restart(workdir) is None
+    local = tmp_path / "bucket" / "run"
+    if target is None:                            # killed before its journal was written: nothing has moved
+        assert killed_after == 0 and _files(local) == {**expected, "lock.json": "{}"}
+        return
+    assert sorted(os.listdir(local)) == ["lock.json", "previous"]
+    assert _files(local / "previous") == {f"{target.name}/{name}": text for name, text in expected.items()}
+
+
+@pytest.mark.parametrize("killed_after", [0, 1, 2, 3, 5])
+def test_a_quarantine_killed_midway_on_a_bucket_is_finished_by_the_next_start(tmp_path, killed_after, caplog):
+    """A step quarantined on a bucket moves object by object; killed midway, the next Checkpointer finishes the
+    move before orbax lists the steps, so the half-moved step is never seen as a checkpoint."""
+    from cloud_bucket import Killed
+
+    from layerscale_jax.train.checkpoint import Checkpointer
+    with cloud_bucket(tmp_path) as bucket:
+        root = epath.Path("gs://bucket/run/checkpoints")
+        expected = _fill(root, ["4/state/a", "4/state/b", "4/commit_success.txt", "meta/4/checksums.json"])
+        checkpointer = Checkpointer(root, keep=2)
+        bucket.kill_after(killed_after)
+        with pytest.raises(Killed):
+            checkpointer._quarantine(4, "never sealed")
+        bucket.kill_after(None)
+        checkpointer.manager.close()
+        with caplog.at_level("WARNING"):
+            again = Checkpointer(root, keep=2)
+        again.close()
+    local = tmp_path / "bucket" / "run" / "checkpoints"
+    if killed_after == 0:                         # killed before its journal: the step is where it was, checked again
+        assert again.manager.all_steps() == [4] and _files(local / "4") == {
+            name[2:]: text for name, text in expected.items() if name.startswith("4/")}
+        return
+    assert again.manager.all_steps() == [] and "a quarantine) was interrupted; finished now" in caplog.text
+    assert _files(local / "quarantine" / "4") == {
+        name.replace("4/", "", 1).replace("meta/4/", "meta/"): text for name, text in expected.items()}
+    assert not (local / "4").exists() and not (local / "meta" / "4").exists()
+
+
+def test_a_run_stored_before_the_read_plan_existed_resumes_with_it_off():
+    """A config stored without data.read_block / read_window ran with a uniform permutation: resuming it with the
+    defaults (plan off) is no change; with the plan on it is refused (another order of the records)."""
+    from layerscale_jax.train.workdir import config_changes
+    stored = {"data": {"name": "digits"}}
+    assert config_changes(stored, {"data": {"name": "digits", "read_block": 0, "read_window": 16}}) == ([], [])
+    refused, _ = config_changes(stored, {"data": {"name": "digits", "read_block": 256, "read_window": 16}})
+    assert refused == ["data.read_block: 0 → 256"]

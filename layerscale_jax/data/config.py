@@ -18,6 +18,12 @@ Fields (`data.*`):
   image_size         square side (pixels) the model sees. digits: 8 (native), cifar*/synthetic: 32, others: 224.
   num_workers        grain worker processes per host (0 = batches are built in the calling process).
   prefetch           batches built ahead in background threads of each process (0 = synchronous).
+  read_block         0: each epoch is a uniform permutation of the train records. > 0: a read plan for sharded
+                     storage (ArrayRecord on a bucket): blocks of this many consecutive records, in a random order per
+                     epoch, the records of `read_window` consecutive blocks shuffled together, so each process reads
+                     a batch from a few blocks instead of every shard (`data.pipeline._Order`; docs/data.md).
+  read_window        with read_block > 0: how many blocks are shuffled together (more: better mixing, more blocks
+                     read per batch).
   cache              decode the whole train split into memory once, at iterator creation (small datasets only).
   crop_pct           eval: resize the shorter side to image_size / crop_pct, then centre-crop image_size.
   skip_bad_records   False: a bad record raises an error naming it. True: it is skipped and counted
@@ -79,6 +85,8 @@ def default_data_config(name=DIGITS):
     cfg.image_size = 8 if name == DIGITS else (32 if small else 224)
     cfg.num_workers = 0
     cfg.prefetch = 2
+    cfg.read_block = 0
+    cfg.read_window = 16
     cfg.cache = small and name != SYNTHETIC
     cfg.crop_pct = 1.0 if small else 0.875
     cfg.skip_bad_records = False
@@ -141,6 +149,8 @@ class DataSettings:
     image_size: int
     num_workers: int
     prefetch: int
+    read_block: int
+    read_window: int
     cache: bool
     crop_pct: float
     skip_bad_records: bool
@@ -153,6 +163,18 @@ class DataSettings:
     num_train: int
     num_test: int
     synthetic_jpeg_shape: tuple | None
+
+
+# Input at pod scale (the ImageNet configs): ArrayRecord shards on a bucket, read by every host.
+SHARDED_READ_BLOCK, SHARDED_READ_WINDOW = 256, 16
+
+
+def use_sharded_input(cfg, workers: int) -> None:
+    """Set ``cfg`` (a data ConfigDict) for a large sharded dataset read by many hosts: ``workers`` grain worker
+    processes per JAX process, each building ``prefetch`` batches ahead in its own threads, and the block read plan
+    (``read_block`` consecutive records, ``read_window`` blocks shuffled together; docs/data.md)."""
+    cfg.num_workers = workers
+    cfg.read_block, cfg.read_window = SHARDED_READ_BLOCK, SHARDED_READ_WINDOW
 
 
 def _fields_of(obj):
@@ -319,6 +341,8 @@ def validate_data_config(cfg):
         image_size=image_size,
         num_workers=_int(get("num_workers"), "num_workers", 0),
         prefetch=_int(get("prefetch"), "prefetch", 0),
+        read_block=_int(get("read_block"), "read_block", 0),
+        read_window=_int(get("read_window"), "read_window", 1),
         cache=_bool(get("cache"), "cache"),
         crop_pct=_float(get("crop_pct"), "crop_pct", 0.05, 1.0),
         skip_bad_records=_bool(get("skip_bad_records"), "skip_bad_records"),

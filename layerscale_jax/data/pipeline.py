@@ -124,26 +124,47 @@ def get_dataset_info(data_config):
 
 
 class _Order:
-    """Position q -> record key: perm_e[q mod N] with perm_e seeded by (seed, e). Keeps a few epochs cached."""
+    """Position q -> record key: perm_e[q mod N] with perm_e seeded by (seed, e). Keeps a few epochs cached.
+
+    perm_e is a uniform permutation of the N records, or, with `block` > 0 (`data.read_block`), a read plan for
+    sharded storage: the records in blocks of `block` consecutive keys (consecutive records of one ArrayRecord shard),
+    the blocks in a random order, and the records of every `window` consecutive blocks of that order shuffled
+    together (`data.read_window`). A process reads consecutive positions of each global batch (its rows), so a batch
+    of b rows touches at most ~2 `window` blocks, b / `window` records from each, instead of b records spread over
+    every shard. Each epoch still visits every record once, and the plan is a function of (seed, epoch) alone.
+    """
 
     _KEEP = 4
 
-    def __init__(self, num_records, seed):
-        self.n, self.seed = num_records, seed
+    def __init__(self, num_records, seed, block=0, window=1):
+        self.n, self.seed, self.block, self.window = num_records, seed, block, window
         self._perms = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def __getstate__(self):
-        return {"n": self.n, "seed": self.seed}
+        return {"n": self.n, "seed": self.seed, "block": self.block, "window": self.window}
 
     def __setstate__(self, state):
-        self.__init__(state["n"], state["seed"])
+        self.__init__(state["n"], state["seed"], state["block"], state["window"])
+
+    def _plan(self, epoch):
+        rng = np.random.default_rng([self.seed, 0, epoch])
+        if not self.block:
+            return rng.permutation(self.n)
+        starts = rng.permutation(np.arange(0, self.n, self.block))
+        order = (starts[:, None] + np.arange(self.block)).ravel()
+        order = order[order < self.n]                     # the last block may be short
+        span = self.block * self.window
+        full = self.n - self.n % span
+        order[:full] = rng.permuted(order[:full].reshape(-1, span), axis=1).ravel()
+        order[full:] = rng.permutation(order[full:])
+        return order
 
     def _perm(self, epoch):
         with self._lock:
             perm = self._perms.get(epoch)
             if perm is None:
-                perm = np.random.default_rng([self.seed, 0, epoch]).permutation(self.n)
+                perm = self._plan(epoch)
                 self._perms[epoch] = perm
                 if len(self._perms) > self._KEEP:
                     self._perms.popitem(last=False)
@@ -164,11 +185,21 @@ class _Records:
     def __init__(self, source, channels, num_classes, skip_bad):
         self.source, self.channels, self.num_classes, self.skip_bad = source, channels, num_classes, skip_bad
 
+    def read(self, keys):
+        """The source's records of `keys`, read in increasing key order (so in file order within each shard of a
+        sharded source), returned in the order of `keys`."""
+        keys = np.asarray(keys)
+        ascending = np.argsort(keys, kind="stable")
+        records = [None] * len(keys)
+        for i, record in zip(ascending, self.source.read(keys[ascending])):
+            records[i] = record
+        return records
+
     def load(self, keys, decode=None):
         """(images, labels) of `keys`; `decode(raw, i)` turns record i's stored image into the image returned
         (default: `transforms.decode_image`), its ValueError marking the record bad like a decode error."""
         images, labels = [], np.zeros(len(keys), np.int32)
-        for i, (key, (raw, label)) in enumerate(zip(keys, self.source.read(keys))):
+        for i, (key, (raw, label)) in enumerate(zip(keys, self.read(keys))):
             try:
                 label = int(label)
                 if not 0 <= label < self.num_classes:
@@ -633,7 +664,7 @@ def make_train_iterator(data_config, *, global_batch_size, seed, process_index=N
         deterministic = None if settings.augment.random_resized_crop else (lambda img: fn.element(img, 0))
         cache = _build_cache(records, deterministic)
     num_records = len(cache.labels) if cache is not None else len(train_src)
-    fn.cache, fn.order = cache, _Order(num_records, seed)
+    fn.cache, fn.order = cache, _Order(num_records, seed, settings.read_block, settings.read_window)
     if cache is not None:
         fn.records = None  # Everything is in memory; do not ship the source to workers.
     meta = {

@@ -11,7 +11,8 @@ Layout of ``<workdir>/checkpoints`` (any orbax / ``etils.epath`` path, ``gs://``
   the seal, SHA-256 of every file of ``<step>/`` but the two orbax rewrites when it commits the step
   (``_CHECKPOINT_METADATA``, ``commit_success.txt``: times and the commit marker, no train state).
 - ``quarantine/<step>/``: checkpoints found corrupt or unsealed at restore, moved aside so that no later save
-  collides with them.
+  collides with them. The move is journalled in ``quarantining.json`` (``paths.move_all``: on a bucket a step moves
+  object by object), and a job killed midway has it finished when the next ``Checkpointer`` starts.
 
 Sealing is part of finishing a step: once a process has written its files, it hashes them (on several threads) and
 writes ``meta/<step>/digests_process_<i>.json``, before orbax's write barrier (with one process there is no barrier:
@@ -50,7 +51,7 @@ from orbax.checkpoint import checkpoint_managers as ocm
 from layerscale_jax.checksums import corruption, file_digests, list_files
 from layerscale_jax.cli import UserError
 from layerscale_jax.orbax_failures import log_orbax_errors_on_one_line, release_waiting_save_threads
-from layerscale_jax.paths import as_path, is_url, write_text_atomically
+from layerscale_jax.paths import as_path, finish_moves, is_url, move_all, write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ def gather_from_all(value) -> list:
 # Files orbax writes or rewrites when it commits the step, after the seal: the commit marker, and the step metadata
 # (its commit time). They hold no train state.
 REWRITTEN_AT_COMMIT = ("_CHECKPOINT_METADATA", "commit_success.txt")
+QUARANTINE_JOURNAL = "quarantining.json"     # the moves of a quarantine until they are all done (paths.move_all)
 _TEMPORARY = re.compile(r"\.orbax-checkpoint-tmp[^/]*(?=/|$)")  # an item's directory before orbax finalises the step
 
 
@@ -194,6 +196,10 @@ class Checkpointer:
             barrier_sync_fn=self._digest_then_barrier if jax.process_count() > 1 else None)
         options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=True,
                                                enable_async_checkpointing=True, async_options=async_options)
+        if jax.process_index() == 0:
+            for source, target in finish_moves(self.directory / QUARANTINE_JOURNAL)[:1]:
+                log.warning("moving %s to %s (a quarantine) was interrupted; finished now", source, target)
+        _all_processes_ok(True)                     # before any process lists the steps
         self.manager = _Manager(self.directory, options=options)
         log_orbax_errors_on_one_line()
         self.last_complete: int | None = None     # newest step known to be fully written (restored or saved)
@@ -273,12 +279,12 @@ class Checkpointer:
     def _quarantine(self, step: int, reason: str) -> None:
         if jax.process_index() == 0:
             target = self.directory / "quarantine" / str(step)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if target.exists():
+            if target.exists():                     # a step of that number quarantined before
                 target.rmtree()
-            (self.directory / str(step)).rename(target)
+            moves = [(self.directory / str(step), target)]
             if self._meta(step).exists():
-                self._meta(step).rename(target / "meta")
+                moves.append((self._meta(step), target / "meta"))
+            move_all(self.directory / QUARANTINE_JOURNAL, moves)   # finished by the next start if killed midway
         how = "cannot be trusted" if reason.startswith("never sealed") else "is corrupt"
         log.warning("checkpoint at step %d %s (%s); moved to %s", step, how, reason,
                     self.directory / "quarantine" / str(step))

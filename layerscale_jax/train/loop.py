@@ -271,6 +271,10 @@ def train_and_evaluate(config, workdir, devices=None, *, restart: bool = False) 
         try:
             workdir_lib.create(workdir)
             lock.acquire()
+            finished = workdir_lib.finish_restart(workdir)
+            if finished is not None:
+                print(f"--restart of an earlier start was interrupted; its moves to {finished} are finished now",
+                      flush=True)
             moved = workdir_lib.move_aside(workdir) if restart else None
             if moved is not None:
                 print(f"--restart: the earlier run's files are moved to {moved}", flush=True)
@@ -367,6 +371,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
         nonfinite = int(jax.device_get(state["nonfinite_steps"]))
         if nonfinite and tc.nonfinite == "raise":
             raise NonFiniteError(_nonfinite_message(step, checkpointer))
+        writer.flush()                         # the records up to `step` are in metrics.jsonl before its checkpoint
         checkpointer.save(step, state, train_iter.get_state(), config_json, metrics=metrics, window=window,
                           force=True)
         last_saved[0] = step

@@ -1,17 +1,26 @@
-"""Metrics: ``WORKDIR/metrics.jsonl`` (one JSON object per logged step), TensorBoard event files, console lines."""
+"""Metrics: ``WORKDIR/metrics.jsonl`` (one JSON object per logged step), TensorBoard event files, console lines.
+
+Records and events are buffered in memory and flushed by a background thread every ``FLUSH_SECS`` (and on demand:
+before every checkpoint, so a resumed run finds every record up to its step, and when the run ends, a stop on
+SIGTERM included), so the loop thread never waits for storage between checkpoints. On a local disk a flush appends
+the new lines; on an object store (``gs://``), where an object cannot be appended to, it writes the whole log as one
+object (kept in memory), at most every ``FLUSH_SECS``: GCS accepts about one write per second to an object.
+"""
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import json
 import logging
 import sys
+import threading
 import time
 
 import jax
 import numpy as np
 from etils import epath
 
-from layerscale_jax.paths import CLOUD_SCHEMES, as_path
+from layerscale_jax.paths import CLOUD_SCHEMES, as_path, is_url
 
 log = logging.getLogger(__name__)
 FLUSH_SECS = 10
@@ -74,24 +83,70 @@ class MetricsWriter:
             # write (a full disk) and its queue then blocks the run forever.
             record_writer.directory_check(str(self.tb_dir))
             self.tb = EventsWriter(str(self.tb_dir / "events"))
+            self._whole_object = is_url(self.jsonl_path)
+            self._logged = self.jsonl_path.read_text() if self._whole_object and self.jsonl_path.exists() else ""
+            self._pending: list[str] = []          # records not yet flushed
+            self._pending_events: list = []        # their TensorBoard events
+            self._lock = threading.Lock()          # the two buffers, between the loop and the flushing thread
+            self._flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="metrics-flush")
+            self._in_flight: concurrent.futures.Future | None = None
             self._flushed = time.time()
+            self._last_step = None
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
+        """Buffer the record of ``step`` and its TensorBoard events; start a background flush every
+        ``FLUSH_SECS``. A failed flush raises here (or in ``flush``), naming the newest step."""
         if not self.enabled:
             return
         from tensorboardX.proto.event_pb2 import Event
         from tensorboardX.summary import scalar
+        if self._in_flight is not None and self._in_flight.done():
+            self._raise_failed_flush()
         record = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
+        events = [Event(wall_time=time.time(), step=int(step), summary=scalar(key, float(value)))
+                  for key, value in scalars.items()]
+        with self._lock:
+            self._last_step = int(step)
+            self._pending.append(json.dumps(record) + "\n")
+            self._pending_events += events
+        if time.time() - self._flushed > FLUSH_SECS and self._in_flight is None:
+            self._flushed = time.time()
+            self._in_flight = self._flusher.submit(self._flush_now)
+
+    def _error(self, err: OSError) -> OSError:
+        return OSError(err.errno, f"writing the metrics of step {self._last_step} in {self.jsonl_path.parent} "
+                                  f"failed ({err.strerror or err})")
+
+    def _raise_failed_flush(self) -> None:
+        """Wait for the background flush in flight, if any; its error, naming the newest step."""
+        done, self._in_flight = self._in_flight, None
+        if done is not None:
+            try:
+                done.result()
+            except OSError as err:
+                raise self._error(err) from err
+
+    def _flush_now(self) -> None:
+        """Write the buffered records and events (in the background thread, or in the caller of ``flush``, never
+        both at once). Nothing is lost when it fails: the next flush writes it again."""
+        with self._lock:
+            lines, self._pending = self._pending, []
+            events, self._pending_events = self._pending_events, []
         try:
-            with self.jsonl_path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-            for key, value in scalars.items():
-                self.tb.write_event(Event(wall_time=time.time(), step=int(step), summary=scalar(key, float(value))))
-            if time.time() - self._flushed > FLUSH_SECS:
-                self.flush()
-        except OSError as err:
-            raise OSError(err.errno, f"writing the metrics of step {step} in {self.jsonl_path.parent} failed "
-                                     f"({err.strerror or err})") from err
+            if lines and self._whole_object:
+                self.jsonl_path.write_text(self._logged + "".join(lines))
+                self._logged += "".join(lines)
+            elif lines:
+                with self.jsonl_path.open("a") as f:
+                    f.write("".join(lines))
+            lines = []
+            while events:
+                self.tb.write_event(events[0])
+                events.pop(0)
+            self.tb.flush()
+        finally:
+            with self._lock:
+                self._pending, self._pending_events = lines + self._pending, events + self._pending_events
 
     def progress(self, step: int, scalars: dict[str, float]) -> None:
         """One console line: step, loss, lr, throughput, input wait (ms per step the loop waited for the input
@@ -128,18 +183,26 @@ class MetricsWriter:
             print(line, file=sys.stderr, flush=True)
 
     def flush(self) -> None:
+        """Write everything buffered, and wait for it (before a checkpoint: the records up to its step are then
+        in the log). Raises a failed write, naming the newest step."""
         if self.enabled:
-            self.tb.flush()
+            self._raise_failed_flush()
             self._flushed = time.time()
+            try:
+                self._flush_now()
+            except OSError as err:
+                raise self._error(err) from err
 
     def close(self) -> None:
         """Flush and close the event file; a failure is a warning (a failed ``write`` has raised already, and a
         failure while closing must not hide the error that is stopping the run)."""
         if self.enabled:
             try:
+                self.flush()
                 self.tb.close()
             except OSError as err:
-                log.warning("closing the TensorBoard event file in %s failed (%s)", self.tb_dir, err)
+                log.warning("writing the last metrics to %s failed (%s)", self.jsonl_path.parent, err)
+            self._flusher.shutdown(wait=True)
             if self.live and self._line_width:
                 print(file=sys.stderr, flush=True)          # end the live line
                 self._line_width = 0

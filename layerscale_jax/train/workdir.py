@@ -12,7 +12,7 @@ import time
 from etils import epath
 
 from layerscale_jax.cli import UserError
-from layerscale_jax.paths import read_json, write_text_atomically
+from layerscale_jax.paths import finish_moves, move_all, read_json, write_text_atomically
 
 # Config fields that may differ between the run that wrote a workdir and the run that resumes it: they change how
 # long the run goes on, what it logs, how it is laid out on devices, not what the checkpoints hold.
@@ -23,7 +23,11 @@ RESUMABLE_CHANGES = (
 )
 
 
+# Fields added to the config after runs were stored with it: a stored config without one ran as with this value.
+ADDED_FIELDS = {"data.read_block": 0, "data.read_window": 16}
+
 PREVIOUS_DIR = "previous"       # --restart moves an earlier run's files to <workdir>/previous/<UTC time>/
+RESTART_JOURNAL = "restart.json"  # the moves of a --restart until they are all done (paths.move_all)
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +63,7 @@ def _flatten(tree, prefix=""):
 
 def config_changes(stored: dict, current: dict) -> tuple[list[str], list[str]]:
     """``(refused, accepted)``: the dotted fields whose values differ, as ``field: old → new`` lines."""
-    old, new = _flatten(stored), _flatten(current)
+    old, new = {**ADDED_FIELDS, **_flatten(stored)}, _flatten(current)
     refused, accepted = [], []
     for field in sorted(set(old) | set(new)):
         if old.get(field, "<absent>") == new.get(field, "<absent>"):
@@ -170,8 +174,12 @@ def earlier_run(workdir: epath.Path, checkpoints: epath.Path) -> list[str]:
 
 def move_aside(workdir: epath.Path) -> epath.Path | None:
     """``--restart``: every file of the earlier run (checkpoints, metrics.jsonl, tensorboard/, results.json,
-    config.json, ...) moves to ``<workdir>/previous/<UTC time>/``; returns that directory (None: nothing to move)."""
-    names = sorted(p.name for p in workdir.iterdir() if p.name not in ("lock.json", PREVIOUS_DIR))
+    config.json, ...) moves to ``<workdir>/previous/<UTC time>/``; returns that directory (None: nothing to move).
+
+    The moves are journalled (``paths.move_all``): a job killed in the middle of them (on a bucket a directory moves
+    object by object) leaves ``restart.json``, and the next start finishes them (``finish_restart``) before it
+    looks at the workdir."""
+    names = sorted(p.name for p in workdir.iterdir() if p.name not in ("lock.json", PREVIOUS_DIR, RESTART_JOURNAL))
     if not names:
         return None
     stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.gmtime())
@@ -179,10 +187,15 @@ def move_aside(workdir: epath.Path) -> epath.Path | None:
     while target.exists():
         n += 1
         target = workdir / PREVIOUS_DIR / f"{stamp}_{n}"
-    target.mkdir(parents=True)
-    for name in names:
-        (workdir / name).rename(target / name)
+    move_all(workdir / RESTART_JOURNAL, [(workdir / name, target / name) for name in names])
     return target
+
+
+def finish_restart(workdir: epath.Path) -> epath.Path | None:
+    """The moves of a ``--restart`` killed midway, completed (``move_aside``); their target (None: there were
+    none)."""
+    moves = finish_moves(workdir / RESTART_JOURNAL)
+    return epath.Path(moves[0][1]).parent if moves else None
 
 
 def checkpoint_train_steps(checkpoints: epath.Path, step: int) -> int | None:
