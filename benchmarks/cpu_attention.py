@@ -14,6 +14,7 @@ step time / the form's (and the median of back-to-back pairs). Prints one JSON o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -28,7 +29,7 @@ from layerscale_jax.layers import attention
 LIBRARY_FORM = attention.fused_qkv_attention
 
 
-def einsum_scaled_q(qkv: jnp.ndarray) -> jnp.ndarray:
+def einsum_scaled_q(qkv: jnp.ndarray, impl: str) -> jnp.ndarray:
     q, k, v = (t[0] for t in jnp.split(qkv.transpose(3, 0, 2, 1, 4), 3, axis=0))   # each (b, h, n, d_h)
     logits = jnp.einsum("bhqd,bhkd->bhqk", q * q.shape[-1] ** -0.5, k, preferred_element_type=jnp.float32)
     weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
@@ -36,7 +37,7 @@ def einsum_scaled_q(qkv: jnp.ndarray) -> jnp.ndarray:
 
 
 FORMS = {"einsum": (LIBRARY_FORM, "einsum"), "einsum_scaled_q": (einsum_scaled_q, "einsum"),
-         "xla": (LIBRARY_FORM, "xla")}
+         "xla": (LIBRARY_FORM, "xla")}            # form: (the function, the model's attention_impl)
 CASES = {"deit3_small b16": StepSpec(batch=16),
          "ablation d24 b128": StepSpec(batch=128, overrides=dict(ABLATION, depth=24))}
 
@@ -44,13 +45,12 @@ CASES = {"deit3_small b16": StepSpec(batch=16),
 def race(spec: StepSpec, repeats: int) -> dict:
     steps = {}
     for name, (form, implementation) in FORMS.items():
-        attention.fused_qkv_attention, previous = form, attention.attention_implementation()
-        attention.set_attention_implementation(implementation)
-        try:
-            steps[name] = CompiledStep(spec)                 # traced here, with this form
+        attention.fused_qkv_attention = form
+        try:                                             # traced here, with this form
+            steps[name] = CompiledStep(dataclasses.replace(spec, overrides={**spec.overrides,
+                                                                            "attention_impl": implementation}))
         finally:
             attention.fused_qkv_attention = LIBRARY_FORM
-            attention.set_attention_implementation(previous)
     stats = timing.measure({n: s.run for n, s in steps.items()}, warmup=1, repeats=repeats)
     base = stats["einsum"]
     return {n: {"step_time_s": s["median_s"], "speedup_vs_einsum": base["median_s"] / s["median_s"],

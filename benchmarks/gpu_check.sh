@@ -11,8 +11,8 @@
 # Steps (most important first):
 #   env          versions, nvidia-smi, jax devices
 #   matmul       bf16 / fp32 matmul peak of jax and torch (n = 8192): the MFU denominators
-#   b16_bf16     DeiT III-B/16, bf16, batch 256, train step vs timm (attention: XLA)     — target MFU >= 50%
-#   b16_cudnn    the same with cuDNN flash attention (jax.nn.dot_product_attention(implementation="cudnn"))
+#   b16_bf16     DeiT III-B/16, bf16, batch 256, train step vs timm (attention_impl=xla)  — target MFU >= 50%
+#   b16_cudnn    the same with cuDNN's fused attention (attention_impl=cudnn, tokens padded to 198)
 #   s16_bf16     DeiT III-S/16, bf16, batch 256, vs timm
 #   b16_scan     DeiT III-B/16, bf16, batch 256, scanned layers (compile time and step time)
 #   seeds        the depth-ablation model: 8 seeds in one vmapped step vs one after another
@@ -27,9 +27,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false      # jax and torch share the GPU in
 export TF_CPP_MIN_LOG_LEVEL=2
 PY="${PYTHON:-python3}"
 BUDGET_S="${BUDGET_S:-460}"                      # stop starting new steps after this many seconds
-START=$(date +%s)
 SUMMARY="$OUT/gpu_check.json"
-STEPS=()
 # GPU_CHECK_SMALL=1: tiny shapes, only to try the script's flow on a CPU machine.
 if [ "${GPU_CHECK_SMALL:-0}" = 1 ]; then
   BATCH=4; MM=512; SHAPE=(--set img_size=32 --set depth=2)
@@ -37,81 +35,23 @@ else
   BATCH=256; MM=8192; SHAPE=()
 fi
 
-elapsed() { echo $(( $(date +%s) - START )); }
+source "$REPO/benchmarks/gpu_steps.sh"
 
-# record NAME STATUS SECONDS: append to the summary (a JSON object of steps) and rewrite it
-record() {
-  STEPS+=("\"$1\": {\"status\": \"$2\", \"seconds\": $3, \"log\": \"$1.log\", \"json\": \"$1.json\"}")
-  { echo "{\"repo_commit\": \"$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)\","
-    echo " \"elapsed_s\": $(elapsed), \"steps\": {"
-    local i; for i in "${!STEPS[@]}"; do
-      [ "$i" -gt 0 ] && echo ","
-      echo "  ${STEPS[$i]}"
-    done
-    echo " }}"; } > "$SUMMARY"
-}
-
-# step NAME TIMEOUT_S COMMAND...: run with a timeout (capped by the remaining budget), keep the last JSON line
-step() {
-  local name="$1" limit="$2"; shift 2
-  local left=$(( BUDGET_S - $(elapsed) ))
-  if [ "$left" -lt 30 ]; then
-    echo "== $name: skipped (budget spent)"; record "$name" "skipped_budget" 0; return
-  fi
-  [ "$limit" -gt "$left" ] && limit="$left"
-  echo "== $name (timeout ${limit}s, elapsed $(elapsed)s)"
-  local t0=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  grep '^{' "$OUT/$name.log" | tail -n 1 > "$OUT/$name.json" || true
-  [ -s "$OUT/$name.json" ] || rm -f "$OUT/$name.json"
-  local status="ok"
-  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status="timeout"; elif [ "$rc" -ne 0 ]; then status="failed_rc$rc"; fi
-  tail -n 4 "$OUT/$name.log"
-  record "$name" "$status" $(( $(date +%s) - t0 ))
-}
-
-step env 60 "$PY" - <<'EOF'
-import json, platform, subprocess
-info = {"python": platform.python_version()}
-for mod in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "torch", "timm", "pytest", "safetensors"):
-    try:
-        m = __import__(mod, fromlist=["_"])
-        info[mod] = getattr(m, "__version__", "present")
-    except Exception as e:  # noqa: BLE001
-        info[mod] = f"missing ({type(e).__name__})"
-try:
-    info["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
-                                         "--format=csv,noheader"], capture_output=True, text=True,
-                                        timeout=20).stdout.strip()
-except Exception as e:  # noqa: BLE001
-    info["nvidia_smi"] = f"unavailable ({e})"
-import jax
-info["backend"] = jax.default_backend()
-info["devices"] = [str(d) for d in jax.devices()]
-info["device_kind"] = jax.devices()[0].device_kind
-try:
-    import torch
-    info["torch_cuda"] = torch.cuda.is_available()
-    info["torch_device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-except Exception:  # noqa: BLE001
-    pass
-print(json.dumps(info))
-EOF
+step env 60 "$PY" benchmarks/gpu_env.py
 
 step matmul 90 "$PY" -m layerscale_jax.bench matmul --n "$MM" --json
 
 step b16_bf16 170 "$PY" -m layerscale_jax.bench train_step --model deit3_base_patch16_224 --batch "$BATCH" "${SHAPE[@]}" \
-  --dtype bfloat16 --vs-timm --repeats 5 --json
+  --set attention_impl=xla --dtype bfloat16 --vs-timm --repeats 5 --json
 
-step b16_cudnn 110 env LAYERSCALE_ATTENTION=cudnn "$PY" -m layerscale_jax.bench train_step \
-  --model deit3_base_patch16_224 --batch "$BATCH" "${SHAPE[@]}" --dtype bfloat16 --repeats 5 --json
+step b16_cudnn 110 "$PY" -m layerscale_jax.bench train_step --model deit3_base_patch16_224 --batch "$BATCH" \
+  "${SHAPE[@]}" --set attention_impl=cudnn --dtype bfloat16 --repeats 5 --json
 
 step s16_bf16 100 "$PY" -m layerscale_jax.bench train_step --model deit3_small_patch16_224 --batch "$BATCH" "${SHAPE[@]}" \
-  --dtype bfloat16 --vs-timm --repeats 5 --json
+  --set attention_impl=xla --dtype bfloat16 --vs-timm --repeats 5 --json
 
 step b16_scan 90 "$PY" -m layerscale_jax.bench train_step --model deit3_base_patch16_224 --batch "$BATCH" "${SHAPE[@]}" \
-  --dtype bfloat16 --scan --repeats 3 --json
+  --set attention_impl=xla --dtype bfloat16 --scan --repeats 3 --json
 
 step seeds 60 "$PY" -m layerscale_jax.bench seeds --num-seeds 8 --repeats 5 --json
 

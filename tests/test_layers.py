@@ -184,9 +184,11 @@ def test_folded_scale_equals_scaling_the_layer_output_and_so_do_its_gradients(sc
     def loss(s, layer):
         return jnp.sum(jnp.asarray(upstream, jnp.float32) * linear(layer, jnp.asarray(x, jnp.float32), s))
 
-    value = jax.jit(lambda s: linear(layer, jnp.asarray(x, jnp.float32), s))(jnp.asarray(s, jnp.float32))
+    # float32 maths on every backend: a GPU's float32 matmuls default to TF32 (10-bit mantissa), ~1e-3 off here
+    with jax.default_matmul_precision("highest"):
+        value = jax.jit(lambda s: linear(layer, jnp.asarray(x, jnp.float32), s))(jnp.asarray(s, jnp.float32))
+        grad_s, grad_layer = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(s, jnp.float32), layer)
     np.testing.assert_allclose(value, s * (x @ w + b), rtol=1e-5, atol=1e-5)
-    grad_s, grad_layer = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(s, jnp.float32), layer)
     want_s = (upstream * (x @ w + b)).sum(0)                               # ∂/∂s of Σ u ⊙ s ⊙ (xW + b)
     np.testing.assert_allclose(grad_s, want_s if scale_shape else want_s.sum(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(grad_layer.kernel[...], x.T @ (upstream * s), rtol=1e-4, atol=1e-4)
@@ -323,6 +325,62 @@ def test_talking_heads_block_matches_numpy_reference():
     x = tokens()
     np.testing.assert_allclose(apply(blk, x), np_block(np.asarray(x, np.float64), p, np_talking_heads_attention),
                                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["einsum", "xla"])
+def test_each_attention_implementation_gives_the_numpy_block(impl):
+    blk = Block(DIM, HEADS, attention_impl=impl, init_value=0.1, rngs=nnx.Rngs(0))
+    p = randomize(blk, seed=1)
+    x = tokens()
+    np.testing.assert_allclose(apply(blk, x), np_block(np.asarray(x, np.float64), p, np_self_attention),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("n, multiple", [(5, 2), (5, 8), (6, 2)])
+def test_padded_masked_attention_equals_plain_attention_and_so_do_its_gradients(n, multiple):
+    """The cuDNN path's padding (``padded_attention``), run through XLA's implementation on the CPU: the padded
+    keys are masked, the padded queries sliced off, so values and gradients are those of attention over n tokens."""
+    from layerscale_jax.layers.attention import padded_attention
+    rng = np.random.default_rng(n + multiple)
+    q, k, v, upstream = (jnp.asarray(rng.normal(0, 1, (BATCH, n, HEADS, 8)), jnp.float32) for _ in range(4))
+
+    def loss(fn, q, k, v):
+        return jnp.sum(upstream * fn(q, k, v))
+
+    plain = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla")
+    padded = lambda q, k, v: padded_attention(q, k, v, multiple, implementation="xla")
+    with jax.default_matmul_precision("highest"):
+        np.testing.assert_allclose(jax.jit(padded)(q, k, v), jax.jit(plain)(q, k, v), rtol=1e-5, atol=1e-6)
+        want = jax.jit(jax.grad(lambda *a: loss(plain, *a), argnums=(0, 1, 2)))(q, k, v)
+        got = jax.jit(jax.grad(lambda *a: loss(padded, *a), argnums=(0, 1, 2)))(q, k, v)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    # the reference: softmax(q kᵀ/√d) v in float64 numpy
+    qh, kh, vh = (np.asarray(t, np.float64).transpose(0, 2, 1, 3) for t in (q, k, v))
+    ref = (np_softmax(qh @ kh.transpose(0, 1, 3, 2) / math.sqrt(8)) @ vh).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(jax.jit(padded)(q, k, v), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_attention_is_einsum_on_cpu_cudnn_on_gpu_where_cudnn_takes_the_shapes_and_xla_elsewhere():
+    from layerscale_jax.layers.attention import resolve_attention_impl
+    assert resolve_attention_impl("auto", "cpu", jnp.bfloat16, 64) == "einsum"
+    assert resolve_attention_impl("auto", "cuda", jnp.bfloat16, 64) == "cudnn"
+    assert resolve_attention_impl("auto", "gpu", jnp.float16, 128) == "cudnn"
+    assert resolve_attention_impl("auto", "gpu", jnp.float32, 64) == "xla"        # cuDNN's kernel: 16-bit only
+    assert resolve_attention_impl("auto", "gpu", jnp.bfloat16, 12) == "xla"       # head dim not a multiple of 8
+    assert resolve_attention_impl("auto", "tpu", jnp.bfloat16, 64) == "xla"
+    assert resolve_attention_impl("xla", "gpu", jnp.bfloat16, 64) == "xla"        # an explicit choice stays
+    with pytest.raises(ValueError, match="attention_impl='flash' is not one of"):
+        resolve_attention_impl("flash", "gpu", jnp.bfloat16, 64)
+
+
+def test_attention_impl_is_a_model_field_checked_where_the_model_config_enters():
+    from layerscale_jax import create_model
+    from layerscale_jax.models import model_config
+    assert model_config("deit3_small_patch16_224", attention_impl="cudnn").attention_impl == "cudnn"
+    assert model_config("mae_deit3_small_patch16_224").attention_impl == "auto"
+    with pytest.raises(ValueError, match="attention_impl='fast' is not one of"):
+        create_model("deit3_small_patch16_224", attention_impl="fast")
 
 
 def test_class_attention_block_updates_the_class_token_as_numpy_reference():

@@ -39,7 +39,8 @@ SHARED = {"img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "dep
 
 def timm_kwargs(spec) -> tuple[dict | None, str | None]:
     """timm constructor kwargs equivalent to ``spec``'s overrides, or ``None`` and why there is none."""
-    o = {k: v for k, v in spec.overrides.items() if k not in ("drop_path_rule", "norm_eps", "param_dtype")}
+    o = {k: v for k, v in spec.overrides.items()
+         if k not in ("drop_path_rule", "norm_eps", "param_dtype", "attention_impl")}
     scaling = o.pop("branch_scaling", "layerscale")
     if scaling == "none":
         o["init_values"] = None

@@ -11,56 +11,91 @@ the boundary (``qkv_heads_major`` / ``qkv_timm_order``), so names and parity wit
 """
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from layerscale_jax.layers.common import dense, linear
-from layerscale_jax.layers.partitioning import constrain
+from layerscale_jax.layers.partitioning import constrain, target_platform
 
-# How ``Attention`` computes softmax(q kᵀ / √d_h) v (the same function every way; only the speed differs):
+# How ``Attention`` computes softmax(q kᵀ / √d_h) v (the same function every way; only the speed differs), the
+# model field ``attention_impl``:
 #   einsum  heads-major (b, h, n, d) einsums: one transpose of the fused qkv, no per-head relayouts
 #           (the fastest on the XLA CPU backend: benchmarks/README.md has the numbers).
 #   xla     ``jax.nn.dot_product_attention`` with XLA's implementation (token-major (b, n, h, d)).
-#   cudnn   ``jax.nn.dot_product_attention(implementation="cudnn")``: cuDNN flash attention (GPU, bf16/fp16).
-#   auto    einsum on CPU, xla elsewhere.
-# Chosen when a step is traced: ``set_attention_implementation(name)`` or ``LAYERSCALE_ATTENTION=name``.
+#   cudnn   ``jax.nn.dot_product_attention(implementation="cudnn")``: cuDNN's fused flash attention (GPU,
+#           bfloat16/float16), the tokens padded to an even count with the padded keys masked (``padded_attention``).
+#   auto    einsum on CPU; on a GPU cudnn where cuDNN takes the shapes (``cudnn_supports``), else xla; xla on TPU.
+# ``auto`` is resolved for the platform the step is traced for (``partitioning.target_platform``: the mesh's
+# devices, so a step cross-compiled for a GPU target on a CPU machine resolves it as on the GPU).
 ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "xla", "cudnn")
-_implementation = os.environ.get("LAYERSCALE_ATTENTION", "auto")
+
+# cuDNN's fused attention trains only even sequence lengths in jax 0.11-0.12: ``check_is_flash_attention`` in
+# jax/_src/cudnn/fused_attention_stablehlo.py refuses an odd Q or KV length "with a bias" when training, and the
+# training rule passes a placeholder bias even when there is none (``NotImplementedError: Unsupported sequence
+# length Q 197, KV 197`` on an H200, benchmarks/results/gpu_h200_2026-12-04/b16_cudnn.log).
+CUDNN_TOKEN_MULTIPLE = 2
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
-def set_attention_implementation(name: str) -> None:
-    global _implementation
-    if name not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"attention implementation {name!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
-    _implementation = name
+def validate_attention_impl(value) -> None:
+    if value not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"attention_impl={value!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
 
 
-def attention_implementation() -> str:
-    """The implementation ``Attention`` uses now (``auto`` resolved for the default backend)."""
-    if _implementation not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"LAYERSCALE_ATTENTION={_implementation!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
-    if _implementation == "auto":
-        return "einsum" if jax.default_backend() == "cpu" else "xla"
-    return _implementation
+def cudnn_supports(dtype, head_dim: int) -> bool:
+    """Whether cuDNN's fused attention takes heads of ``head_dim`` in ``dtype``: bfloat16/float16 and a head
+    dimension that is a multiple of 8, at most 128 (256 on Hopper; 128 is what every cuDNN GPU takes)."""
+    return jnp.dtype(dtype) in tuple(map(jnp.dtype, CUDNN_DTYPES)) and head_dim % 8 == 0 and head_dim <= 128
 
 
-def fused_qkv_attention(qkv: jnp.ndarray) -> jnp.ndarray:
-    """``softmax(q kᵀ / √d_h) v`` per head from the fused projection ``qkv`` ``(b, n, h, 3, d_h)`` → ``(b, n, h, d_h)``.
+def resolve_attention_impl(name: str, platform: str, dtype, head_dim: int) -> str:
+    """The implementation ``name`` stands for on ``platform`` (``cpu``, ``gpu``/``cuda``/``rocm``, ``tpu``)."""
+    validate_attention_impl(name)
+    if name != "auto":
+        return name
+    if platform == "cpu":
+        return "einsum"
+    if platform in ("gpu", "cuda") and cudnn_supports(dtype, head_dim):
+        return "cudnn"
+    return "xla"
+
+
+def padded_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, multiple: int,
+                     implementation: str | None = None) -> jnp.ndarray:
+    """``jax.nn.dot_product_attention`` of ``(b, n, h, d)`` q, k, v over ``n`` rounded up to ``multiple`` tokens.
+
+    The padded keys are masked (``key_value_seq_lengths = n``, cuDNN's padding mask), so every real query attends
+    to exactly the real keys: softmax over ``n`` keys as without padding. The padded queries attend to real keys
+    too (finite rows, no all-masked softmax) and their rows are sliced off, so they get no gradient.
+    """
+    b, n = q.shape[:2]
+    pad = -n % multiple
+    if pad == 0:
+        return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+    q, k, v = (jnp.pad(t, widths) for t in (q, k, v))
+    lengths = jnp.full((b,), n, jnp.int32)
+    out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation=implementation)
+    return out[:, :n]
+
+
+def fused_qkv_attention(qkv: jnp.ndarray, impl: str) -> jnp.ndarray:
+    """``softmax(q kᵀ / √d_h) v`` per head from the fused projection ``qkv`` ``(b, n, h, 3, d_h)`` → ``(b, n, h, d_h)``,
+    computed by ``impl`` (a resolved name: ``einsum``, ``xla`` or ``cudnn``).
 
     q, k and v are separated with ``jnp.split``, whose gradient is one concatenate (indexing would pad each).
-    Logits and softmax are float32 whatever the compute dtype.
+    Logits and softmax are float32 whatever the compute dtype (cuDNN's kernel accumulates in float32 too).
     """
-    impl = attention_implementation()
     if impl == "einsum":
         q, k, v = (t[0] for t in jnp.split(qkv.transpose(3, 0, 2, 1, 4), 3, axis=0))   # each (b, h, n, d_h)
         logits = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
         weights = jax.nn.softmax(logits * q.shape[-1] ** -0.5, axis=-1).astype(v.dtype)
         return jnp.einsum("bhqk,bhkd->bhqd", weights, v).transpose(0, 2, 1, 3)
     q, k, v = (t[:, :, :, 0] for t in jnp.split(qkv, 3, axis=3))
-    return jax.nn.dot_product_attention(q, k, v, implementation="cudnn" if impl == "cudnn" else None)
+    if impl == "cudnn":
+        return padded_attention(q, k, v, CUDNN_TOKEN_MULTIPLE, implementation="cudnn")
+    return jax.nn.dot_product_attention(q, k, v)
 
 
 def _split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
@@ -86,18 +121,22 @@ def project_out(layer: nnx.Linear, heads: jnp.ndarray, out_scale) -> jnp.ndarray
 class Attention(nnx.Module):
     """Standard multi-head self-attention with a fused qkv projection (ViT / DeiT III).
 
-    The product goes through ``fused_qkv_attention`` (heads-major einsums on CPU, ``jax.nn.dot_product_attention``
-    elsewhere, cuDNN flash attention with ``set_attention_implementation("cudnn")``).
+    The product goes through ``fused_qkv_attention`` by ``attention_impl`` (``ATTENTION_IMPLEMENTATIONS``;
+    ``auto``: heads-major einsums on CPU, cuDNN's fused attention on a GPU, XLA's on TPU).
     """
 
-    def __init__(self, dim: int, num_heads: int, *, qkv_bias: bool = True, dtype=jnp.float32,
-                 param_dtype=jnp.float32, rngs: nnx.Rngs):
+    def __init__(self, dim: int, num_heads: int, *, qkv_bias: bool = True, attention_impl: str = "auto",
+                 dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        validate_attention_impl(attention_impl)
         self.num_heads = num_heads
+        self.attention_impl = attention_impl
         self.qkv = dense(dim, 3 * dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
-        return project_out(self.proj, fused_qkv_attention(project_qkv(self.qkv, x, self.num_heads)), out_scale)
+        qkv = project_qkv(self.qkv, x, self.num_heads)
+        impl = resolve_attention_impl(self.attention_impl, target_platform(), qkv.dtype, qkv.shape[-1])
+        return project_out(self.proj, fused_qkv_attention(qkv, impl), out_scale)
 
 
 def _dense_float32(layer: nnx.Linear, x: jnp.ndarray) -> jnp.ndarray:

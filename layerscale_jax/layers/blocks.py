@@ -70,17 +70,26 @@ class _ScaledResidualBlock(nnx.Module):
 
 
 class Block(_ScaledResidualBlock):
-    """Pre-norm self-attention block; ``attention='standard'`` (DeiT III) or ``'talking_heads'`` (CaiT)."""
+    """Pre-norm self-attention block; ``attention='standard'`` (DeiT III) or ``'talking_heads'`` (CaiT).
+
+    ``attention_impl`` picks how standard attention is computed (``layers.attention.ATTENTION_IMPLEMENTATIONS``);
+    talking-heads attention mixes the heads' logits before the softmax and always computes them explicitly."""
 
     def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True,
-                 attention: str = "standard", branch_scaling: str = "layerscale", init_value: float = 1e-5,
-                 drop_path: float = 0.0, norm_eps: float = 1e-6, dtype=jnp.float32, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs):
+                 attention: str = "standard", attention_impl: str = "auto", branch_scaling: str = "layerscale",
+                 init_value: float = 1e-5, drop_path: float = 0.0, norm_eps: float = 1e-6, dtype=jnp.float32,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.dtype = dtype
-        attn_cls = {"standard": Attention, "talking_heads": TalkingHeadsAttention}[attention]
         norm = keeps_layernorm(branch_scaling)
         self.norm1 = layer_norm(dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if norm else None
-        self.attn = attn_cls(dim, num_heads, qkv_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        if attention == "standard":
+            self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias, attention_impl=attention_impl, dtype=dtype,
+                                  param_dtype=param_dtype, rngs=rngs)
+        elif attention == "talking_heads":
+            self.attn = TalkingHeadsAttention(dim, num_heads, qkv_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype,
+                                              rngs=rngs)
+        else:
+            raise ValueError(f"attention={attention!r} is not one of ('standard', 'talking_heads')")
         self.ls1 = make_branch_scale(branch_scaling, dim, init_value)
         self.norm2 = layer_norm(dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if norm else None
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dtype=dtype, param_dtype=param_dtype, rngs=rngs)

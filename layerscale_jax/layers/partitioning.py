@@ -53,6 +53,15 @@ def activation_sharding(mesh: Mesh, rules: Mapping[str, Any]):
         _CONTEXT.reset(token)
 
 
+def target_platform() -> str:
+    """The platform a step is traced for: that of the ``activation_sharding`` mesh's devices (``cuda`` for a GPU
+    target compiled on a CPU machine), else JAX's default backend (``cpu``, ``gpu``, ``tpu``)."""
+    context = _CONTEXT.get()
+    if context is None:
+        return jax.default_backend()
+    return context[0].devices.flat[0].platform
+
+
 def constrain(x: jax.Array, axes: tuple) -> jax.Array:
     """``x`` with its dimensions laid out by their logical names (identity outside ``activation_sharding``)."""
     context = _CONTEXT.get()

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from layerscale_jax.layers.attention import validate_attention_impl
 from layerscale_jax.layers.blocks import Block
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm
 from layerscale_jax.layers.drop_path import drop_path_rates
@@ -44,9 +45,12 @@ class MAEConfig(ArchConfig):
     decoder_embed_dim, decoder_depth, decoder_num_heads: the decoder (MAE: 512, 8, 16 for ViT-B/L/H).
     mask_ratio: the fraction of patches removed per image, in (0, 1) (MAE: 0.75).
     norm_pix_loss: regress per-patch normalised pixels (MAE's best setting) instead of the raw inputs.
+    attention_impl: how encoder and decoder compute attention (``auto`` | ``einsum`` | ``xla`` | ``cudnn``,
+    ``layers.attention``).
     ``num_classes`` is not used by the pre-training model (it has no head); it names the classifier the encoder is
     meant for.
     """
+    attention_impl: str = "auto"
     decoder_embed_dim: int = 512
     decoder_depth: int = 8
     decoder_num_heads: int = 16
@@ -55,6 +59,7 @@ class MAEConfig(ArchConfig):
 
     def validate(self) -> None:
         super().validate()
+        validate_attention_impl(self.attention_impl)
         for field in ("decoder_embed_dim", "decoder_depth", "decoder_num_heads"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -163,7 +168,8 @@ class MaskedAutoencoder(nnx.Module):
 
         def make_block(block_rngs):
             return Block(d, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, attention="standard",
-                         branch_scaling=cfg.branch_scaling, init_value=init_value, norm_eps=cfg.norm_eps,
+                         attention_impl=cfg.attention_impl, branch_scaling=cfg.branch_scaling,
+                         init_value=init_value, norm_eps=cfg.norm_eps,
                          dtype=dt, param_dtype=pdt, rngs=block_rngs)
 
         self.blocks = create_stack(make_block, cfg.depth, cfg.scan_layers, rngs)
@@ -176,7 +182,8 @@ class MaskedAutoencoder(nnx.Module):
         self.decoder_pos_embed = nnx.Param(jnp.asarray(sincos_pos_embed_2d(dd, cfg.grid_size, True)[None], pdt))
         self.decoder_blocks = nnx.List([
             Block(dd, cfg.decoder_num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=True, attention="standard",
-                  branch_scaling="none", norm_eps=cfg.norm_eps, dtype=dt, param_dtype=pdt, rngs=rngs)
+                  attention_impl=cfg.attention_impl, branch_scaling="none", norm_eps=cfg.norm_eps, dtype=dt,
+                  param_dtype=pdt, rngs=rngs)
             for _ in range(cfg.decoder_depth)])
         self.decoder_norm = layer_norm(dd, eps=cfg.norm_eps, dtype=dt, param_dtype=pdt, rngs=rngs)
         self.decoder_pred = dense(dd, cfg.patch_dim, dtype=dt, param_dtype=pdt, rngs=rngs)

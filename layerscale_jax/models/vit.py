@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from layerscale_jax.layers.attention import validate_attention_impl
 from layerscale_jax.layers.blocks import Block
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_normal_02
 from layerscale_jax.layers.drop_path import drop_path_rates
@@ -27,11 +28,14 @@ GLOBAL_POOLS = ("token", "avg")
 
 @dataclasses.dataclass(frozen=True)
 class ViTConfig(ArchConfig):
-    """``ArchConfig`` plus: global_pool (``token`` | ``avg``)."""
+    """``ArchConfig`` plus: global_pool (``token`` | ``avg``); attention_impl, how attention is computed
+    (``auto`` | ``einsum`` | ``xla`` | ``cudnn``, ``layers.attention``: the same function, only the speed differs)."""
     global_pool: str = "token"
+    attention_impl: str = "auto"
 
     def validate(self) -> None:
         super().validate()
+        validate_attention_impl(self.attention_impl)
         if self.global_pool not in GLOBAL_POOLS:
             raise ValueError(f"global_pool={self.global_pool!r} is not one of {GLOBAL_POOLS}")
 
@@ -53,7 +57,8 @@ class VisionTransformer(nnx.Module):
 
         def make_block(block_rngs):
             return Block(d, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, attention="standard",
-                         branch_scaling=cfg.branch_scaling, init_value=init_value, norm_eps=cfg.norm_eps,
+                         attention_impl=cfg.attention_impl, branch_scaling=cfg.branch_scaling,
+                         init_value=init_value, norm_eps=cfg.norm_eps,
                          dtype=dt, param_dtype=pdt, rngs=block_rngs)
 
         self.blocks = create_stack(make_block, cfg.depth, cfg.scan_layers, rngs)

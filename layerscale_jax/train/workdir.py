@@ -19,7 +19,7 @@ from layerscale_jax.paths import finish_moves, move_all, read_json, write_text_a
 RESUMABLE_CHANGES = (
     "train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
     "train.stop_after_steps", "train.nonfinite", "train.eval_batch_size", "train.mesh.", "train.compilation_cache_dir",
-    "data.num_workers", "data.prefetch",
+    "data.num_workers", "data.prefetch", "model.attention_impl",
 )
 
 
