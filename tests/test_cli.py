@@ -438,3 +438,11 @@ def test_the_timm_worker_needs_no_jax_in_its_python(tmp_path):
         timm["run"](1)
         timm["close"]()
         assert timm["timm_num_params"] > 0
+
+
+def test_an_unprepared_dataset_is_one_line_without_tfds_warnings_before_it(tmp_path, capsys, caplog):
+    with caplog.at_level("WARNING"):
+        status = run_cli(train_main, ["--config", DIGITS, "--workdir", str(tmp_path / "wd"),
+                                      "--config.data.name=cifar10", f"--config.data.data_dir={tmp_path / 'data'}"])
+    assert status == 2 and "python -m layerscale_jax.data.prepare --name=cifar10" in capsys.readouterr().err
+    assert "has no dataset_info.json" not in caplog.text

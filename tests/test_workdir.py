@@ -554,3 +554,20 @@ def test_another_config_with_fewer_steps_on_a_finished_workdir_names_the_differi
     other.model.depth, other.train.steps = 3, 4
     with pytest.raises(workdir_lib.WorkdirError, match=r"different config \(model\.depth: 2 → 3\)"):
         loop_lib.train_and_evaluate(other, workdir)
+
+
+def test_an_old_checkpoint_whose_deletion_was_interrupted_is_set_aside_once(finished, tmp_path, caplog):
+    """A kill while orbax deleted step 4 (kept: 6): its directory lost _CHECKPOINT_METADATA and config/. It is moved
+    to quarantine/ with one warning, instead of orbax's "Metadata file does not exist" lines on every run."""
+    workdir = copy_run(finished, tmp_path, "half_deleted")
+    step_dir = os.path.join(workdir, "checkpoints", "4")
+    os.remove(os.path.join(step_dir, "_CHECKPOINT_METADATA"))
+    shutil.rmtree(os.path.join(step_dir, "config"))
+    with caplog.at_level("WARNING"):
+        assert loop_lib.train_and_evaluate(config(), workdir) == finished[1]
+    assert "Metadata file does not exist" not in caplog.text
+    assert [r.getMessage() for r in caplog.records if "incomplete" in r.getMessage()] == [
+        f"checkpoint at step 4 is incomplete (no _CHECKPOINT_METADATA: a deletion of this old checkpoint was "
+        f"interrupted); moved to {workdir}/checkpoints/quarantine/4"]
+    assert checkpoint_steps(workdir) == [STEPS]
+    assert os.path.isdir(os.path.join(workdir, "checkpoints", "quarantine", "4", "state"))

@@ -11,6 +11,7 @@ because preparing a TFDS dataset imports TensorFlow.
 
 import contextlib
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -52,6 +53,17 @@ def _tfds():
     return tfds
 
 
+class _UnpreparedFolderWarning(logging.Filter):
+    """TFDS warns "Variant folder ... has no dataset_info.json" each time it looks at a dataset that is not prepared
+    (twice before this module's one error line, which says how to prepare it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "has no dataset_info.json" not in record.getMessage()
+
+
+_UNPREPARED_FOLDER_WARNING = _UnpreparedFolderWarning()
+
+
 def tfds_builder(name, data_dir):
     """The TFDS builder of `name` in `data_dir` (digits: the package's own builder). Does not prepare."""
     tfds = _tfds()
@@ -59,6 +71,8 @@ def tfds_builder(name, data_dir):
         from layerscale_jax.data.digits import Digits
 
         return Digits(data_dir=data_dir)
+    if _UNPREPARED_FOLDER_WARNING not in logging.getLogger("absl").filters:
+        logging.getLogger("absl").addFilter(_UNPREPARED_FOLDER_WARNING)
     try:
         return tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as e:

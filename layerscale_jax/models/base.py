@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -120,3 +122,15 @@ def class_tokens(model: nnx.Module, batch: int) -> jnp.ndarray:
     """The learned class token for every sample, float32 ``(batch, 1, dim)``."""
     tokens = jnp.broadcast_to(model.cls_token[...].astype(jnp.float32), (batch, 1, model.cfg.embed_dim))
     return constrain(tokens, ("batch", None, None))
+
+
+SUMMARY_FIELDS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "num_classes", "branch_scaling")
+
+
+def one_line_repr(model: nnx.Module) -> str:
+    """A model's repr: its class, main architecture fields and parameter count on one line (nnx's repr lists every
+    layer and array: a notebook cell echoing a ViT printed ~1,100 lines). ``nnx.display(model)`` shows the tree."""
+    cfg = model.cfg
+    fields = ", ".join(f"{name}={getattr(cfg, name)!r}" for name in SUMMARY_FIELDS if hasattr(cfg, name))
+    count = sum(math.prod(getattr(leaf, "shape", ())) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    return f"{type(model).__name__}({fields}; {count:,} parameters; nnx.display(model) shows every layer)"

@@ -20,7 +20,7 @@ from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_no
 from layerscale_jax.layers.drop_path import drop_path_rates
 from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import resolve_init_value
-from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches
+from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
 from layerscale_jax.models.stack import create_stack, run_stack
 
 
@@ -42,6 +42,8 @@ class CaiTConfig(ArchConfig):
 
 class CaiT(nnx.Module):
     """CaiT. ``model(images, key=None)``: NHWC float images → float32 logits ``(batch, num_classes)``."""
+
+    __repr__ = one_line_repr
 
     def __init__(self, cfg: CaiTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg

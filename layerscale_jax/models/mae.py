@@ -34,7 +34,7 @@ from layerscale_jax.layers.blocks import Block
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm
 from layerscale_jax.layers.drop_path import drop_path_rates
 from layerscale_jax.layers.scaling import resolve_init_value
-from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches
+from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
 from layerscale_jax.models.stack import create_stack, run_stack
 
 
@@ -156,6 +156,8 @@ def masked_patch_loss(pred: jnp.ndarray, target: jnp.ndarray, mask: jnp.ndarray)
 class MaskedAutoencoder(nnx.Module):
     """MAE with a DeiT III encoder. ``model.loss(images, key)`` → per-image reconstruction loss ``(B,)``;
     ``model.reconstruct(images, key)`` → the masked input and the reconstruction, as NHWC images."""
+
+    __repr__ = one_line_repr
 
     def __init__(self, cfg: MAEConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg

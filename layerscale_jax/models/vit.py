@@ -20,7 +20,7 @@ from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_no
 from layerscale_jax.layers.drop_path import drop_path_rates
 from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import resolve_init_value
-from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches
+from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
 from layerscale_jax.models.stack import create_stack, run_stack
 
 GLOBAL_POOLS = ("token", "avg")
@@ -45,6 +45,8 @@ class VisionTransformer(nnx.Module):
 
     ``key`` drives stochastic depth in train mode (``model.train()``); ``model.eval()`` makes it deterministic.
     """
+
+    __repr__ = one_line_repr
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg

@@ -200,9 +200,33 @@ class Checkpointer:
             for source, target in finish_moves(self.directory / QUARANTINE_JOURNAL)[:1]:
                 log.warning("moving %s to %s (a quarantine) was interrupted; finished now", source, target)
         _all_processes_ok(True)                     # before any process lists the steps
+        self._set_aside_half_deleted_steps()
         self.manager = _Manager(self.directory, options=options)
         log_orbax_errors_on_one_line()
         self.last_complete: int | None = None     # newest step known to be fully written (restored or saved)
+
+    def _set_aside_half_deleted_steps(self) -> None:
+        """A local step directory without orbax's ``_CHECKPOINT_METADATA`` is what a job killed while orbax deleted
+        an old checkpoint leaves (orbax writes that file before it gives the step its final name): it is moved to
+        ``quarantine/`` with one warning, instead of orbax logging "Metadata file does not exist" for it on every
+        run until the next save deletes it."""
+        if is_url(self.directory) or not self.directory.exists():
+            return
+        half = sorted(int(d.name) for d in self.directory.iterdir() if d.name.isdigit() and d.is_dir()
+                      and not (d / "_CHECKPOINT_METADATA").exists())
+        for step in half:
+            target = self.directory / "quarantine" / str(step)
+            if jax.process_index() == 0:
+                if target.exists():
+                    target.rmtree()
+                moves = [(self.directory / str(step), target)]
+                if self._meta(step).exists():
+                    moves.append((self._meta(step), target / "meta"))
+                move_all(self.directory / QUARANTINE_JOURNAL, moves)
+            log.warning("checkpoint at step %d is incomplete (no _CHECKPOINT_METADATA: a deletion of this old "
+                        "checkpoint was interrupted); moved to %s", step, target)
+        if half:
+            _all_processes_ok(True)                 # moved before any process lists the steps
 
     # -- side files ---------------------------------------------------------------------------------------------
     def _meta(self, step: int) -> epath.Path:
