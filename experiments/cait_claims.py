@@ -45,6 +45,7 @@ from typing import Sequence
 import sweep
 
 ALPHA = 0.05
+POWER = 0.8              # for the detectable difference stated next to every comparison (post hoc, not a rule)
 DEEP_DEPTHS = 2          # how many of the grid's largest depths are "deep"
 
 Cell = tuple  # (scheme, warmup, depth)
@@ -140,9 +141,11 @@ class Comparison:
     runs: str                     # "converged/runs vs converged/runs"
     accuracy: Difference | None   # None: fewer than two converged runs a side
     divergence: tuple[int, int, float] | None   # (diverged A, diverged B, Fisher p); None: no run diverged
+    spread: tuple[float, float, int, int] | None = None   # (SD of A, SD of B, n A, n B) of the converged runs
     accuracy_p_holm: float | None = None
     divergence_p_holm: float | None = None
     outcome: str = "not tested"
+    detectable: tuple[float, float] | None = None   # (at Holm's first step α/m, at its last α): ``detectable``
 
     def tests(self) -> list[float]:
         return ([self.accuracy.p] if self.accuracy else []) + ([self.divergence[2]] if self.divergence else [])
@@ -165,7 +168,19 @@ def compare(records: list[dict], better: Cell, worse: Cell, value) -> Comparison
             accuracy = None
     k_a, k_b = len(a_runs) - len(a), len(b_runs) - len(b)
     divergence = (k_a, k_b, fisher_divergence(k_a, len(a_runs), k_b, len(b_runs))) if k_a or k_b else None
-    return Comparison(better, worse, f"{len(a)}/{len(a_runs)} vs {len(b)}/{len(b_runs)}", accuracy, divergence)
+    spread = (statistics.stdev(a), statistics.stdev(b), len(a), len(b)) if accuracy else None
+    return Comparison(better, worse, f"{len(a)}/{len(a_runs)} vs {len(b)}/{len(b_runs)}", accuracy, divergence,
+                      spread)
+
+
+def detectable(spread: tuple[float, float, int, int], tests: int, alpha: float = ALPHA, power: float = POWER
+               ) -> tuple[float, float]:
+    """The difference of means (points) a comparison's Welch test detects with probability ``power`` at the
+    observed SDs and sizes (``sweep.detectable_difference``), at Holm's strictest level α/``tests`` (the smallest p
+    of the family) and at its loosest, α: the study's resolution for that comparison — a "not reproduced" rules
+    out nothing much smaller than this."""
+    return (sweep.detectable_difference(*spread, alpha / tests, power),
+            sweep.detectable_difference(*spread, alpha, power))
 
 
 @dataclasses.dataclass
@@ -185,8 +200,10 @@ def evaluate(records: list[dict], claim: Claim, value, alpha: float = ALPHA) -> 
             missing.append((better, worse))
         else:
             comparisons.append(c)
-    adjusted = iter(holm([p for c in comparisons for p in c.tests()]))
+    family = [p for c in comparisons for p in c.tests()]
+    adjusted = iter(holm(family))
     for c in comparisons:
+        c.detectable = detectable(c.spread, len(family), alpha) if c.spread else None
         c.accuracy_p_holm = next(adjusted) if c.accuracy else None
         c.divergence_p_holm = next(adjusted) if c.divergence else None
         signs = []
@@ -222,7 +239,9 @@ def _p(p: float | None) -> str:
 METHOD = (f"Per comparison: Welch's t-test on the final test accuracy of the converged runs (difference of means, "
           f"Welch–Satterthwaite 95% CI, t, df), and when a run diverged in either cell, Fisher's exact test on the "
           f"divergence counts; Holm's correction over every test of a claim (family-wise α = {ALPHA}). Rules fixed "
-          f"before any final run: experiments/cait_claims.py.")
+          f"before any final run: experiments/cait_claims.py. \"detectable\" (added after the runs, a statement of "
+          f"resolution, not a rule): the difference the Welch test detects with {POWER:.0%} probability at the "
+          f"comparison's observed SDs and seeds, at Holm's strictest level α/m (m the claim's tests) and at α.")
 
 
 def write_claims(records: list[dict], path: str, title: str, value, depths: Sequence[int]) -> list[ClaimResult]:
@@ -242,12 +261,14 @@ def write_claims(records: list[dict], path: str, title: str, value, depths: Sequ
                          f"{acc.t:.2f}" if acc else "–", f"{acc.dof:.1f}" if acc else "–",
                          _p(acc.p if acc else None), _p(c.accuracy_p_holm),
                          f"{div[0]} vs {div[1]}: p {_p(div[2])}, Holm {_p(c.divergence_p_holm)}" if div
-                         else "none diverged", c.outcome])
-        rows += [[f"{_cell_name(a)} vs {_cell_name(b)}", "no runs", "–", "–", "–", "–", "–", "–", "not tested"]
+                         else "none diverged", f"{c.detectable[0]:.2f} / {c.detectable[1]:.2f}" if c.detectable
+                         else "–", c.outcome])
+        rows += [[f"{_cell_name(a)} vs {_cell_name(b)}", "no runs", "–", "–", "–", "–", "–", "–", "–", "not tested"]
                  for a, b in r.missing]
         parts.append(f"\n### Claim {r.claim.name}: {r.verdict}\n\n{r.claim.statement}.\n\n" + sweep.markdown_table(
             ["comparison (claimed better vs worse)", "converged/runs", "difference of means, points [95% CI]",
-             "Welch t", "df", "p", "p (Holm)", "diverged runs (Fisher)", "outcome"], rows))
+             "Welch t", "df", "p", "p (Holm)", "diverged runs (Fisher)",
+             f"detectable, {POWER:.0%} power (α/m / α)", "outcome"], rows))
     with open(path, "w") as f:
         f.write("".join(parts))
     return results

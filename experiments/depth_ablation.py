@@ -713,8 +713,12 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
         head = (title + (f"\n\nCommand: `{command}`" if command else "") + f"\n\n{sweep.machines_note(records)} "
                 f"The final stage, both rate choices' runs together: {sweep.compute_note(every)} "
                 f"{cost_by_machine_kind(every)}".rstrip())
+        paths[f"{which}/convergence"] = os.path.join(report_dir, "convergence.md")
+        not_converged = vp.write_convergence(records, paths[f"{which}/convergence"], "Convergence, " + head,
+                                             layout(records), *final_floor_and_images())
         paths[f"{which}/table"] = os.path.join(report_dir, "table.md")
-        vp.write_ci_table(records, paths[f"{which}/table"], "Final test accuracy (%), " + head, layout(records))
+        vp.write_ci_table(records, paths[f"{which}/table"], "Final test accuracy (%), " + head, layout(records),
+                          not_converged)
         paths[f"{which}/comparisons"] = os.path.join(report_dir, "comparisons.md")
         vp.write_comparisons(records, paths[f"{which}/comparisons"], "LayerScale against each column, " + head,
                              layout(records), REFERENCE)
@@ -730,6 +734,14 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
     if not paths:
         raise FileNotFoundError(f"no finished final runs under {os.path.join(out, 'runs')}")
     return paths
+
+
+def final_floor_and_images() -> tuple[float, int]:
+    """The final runs' label-smoothing floor (nats) and test images (the convergence check's inputs)."""
+    from layerscale_jax.data import get_dataset_info
+    config = make_config(RunSpec(DEPTHS[0], "none", True, 0, RECIPE["learning_rate"], "final", 1), PROTOCOL_SIZING)
+    info = get_dataset_info(config.data)
+    return vp.label_smoothing_floor(config.data.label_smoothing, info.num_classes), info.num_test
 
 
 EARLY_LABEL = ("early training (200 steps ≈ 9 epochs; rates selected on test accuracy of seed 0 at depth 24 — "

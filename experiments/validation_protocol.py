@@ -120,10 +120,11 @@ MAX_TRAIN_LOSS_GAP = 0.01
 LATE_FRACTION = 0.2
 
 
-def _accuracy_at(record: dict, step: int) -> float:
-    """The evaluated accuracy (%) of the last evaluation at or before ``step``."""
+def _accuracy_at(record: dict, step: int) -> float | None:
+    """The evaluated accuracy (%) of the last evaluation at or before ``step``; None without one."""
     key = "test_accuracy" if record.get("eval_split", "test") == "test" else "val_accuracy"
-    return 100 * [e[key] for e in record["evaluations"] if key in e and e["step"] <= step][-1]
+    found = [e[key] for e in record["evaluations"] if key in e and e["step"] <= step]
+    return 100 * found[-1] if found else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,13 +140,14 @@ class Convergence:
 
 def convergence_check(runs: list[dict], floor: float, images: int, max_gap: float = MAX_TRAIN_LOSS_GAP,
                       late_fraction: float = LATE_FRACTION) -> Convergence | None:
-    """The rule above on one cell's ``runs``; None when every run diverged (divergence is counted apart)."""
+    """The rule above on one cell's ``runs``; None when every run diverged (divergence is counted apart) or a run
+    has no evaluation at or before the start of its last fifth (too few evaluations to check)."""
     finished = [r for r in runs if not r["diverged"]]
-    if not finished:
+    late = [_accuracy_at(r, int((1 - late_fraction) * r["steps"])) for r in finished]
+    if not finished or None in late:
         return None
     gap = statistics.mean(r["final_train_loss"] for r in finished) - floor
-    gain = statistics.mean(_accuracy_at(r, r["steps"]) - _accuracy_at(r, int((1 - late_fraction) * r["steps"]))
-                           for r in finished)
+    gain = statistics.mean(_accuracy_at(r, r["steps"]) - before for r, before in zip(finished, late))
     tolerance = binomial_standard_error(statistics.mean(100 * accuracy(r) for r in finished), images)
     return Convergence(len(finished), gap, gain, tolerance, gap <= max_gap and gain < tolerance)
 
@@ -231,16 +233,52 @@ def ci_cell(records: list[dict], value: Callable[[dict], float]) -> str:
     return text
 
 
-def write_ci_table(records: list[dict], path: str, title: str, layout: Layout) -> str:
+NOT_CONVERGED = "†"
+NOT_CONVERGED_NOTE = (f"{NOT_CONVERGED}: the cell fails the convergence check (``convergence_check``, fixed before "
+                      f"it was applied: mean final train loss within {MAX_TRAIN_LOSS_GAP} nats of the label-smoothing "
+                      f"floor and a gain over the last fifth of the run below one binomial standard error); "
+                      f"convergence.md has every cell's numbers")
+
+
+def write_ci_table(records: list[dict], path: str, title: str, layout: Layout, not_converged=frozenset()) -> str:
     """Row × column table of ``ci_cell`` (test accuracy; final runs only, ``require_reportable``), the method
-    stated under it."""
+    stated under it; the ``(row, column)`` cells in ``not_converged`` marked ``NOT_CONVERGED``."""
     require_reportable(records)
     table = sweep.markdown_table([layout.row_header] + [layout.label(c) for c in layout.columns], (
-        [row] + [ci_cell(layout.cell(records, row, c), layout.value) for c in layout.columns]
+        [row] + [ci_cell(layout.cell(records, row, c), layout.value) + (f" {NOT_CONVERGED}" if (row, c) in
+                                                                         not_converged else "")
+                 for c in layout.columns]
         for row in layout.rows(records)))
     with open(path, "w") as f:
-        f.write(f"{title}\n\n{table}\n{CI_METHOD}.\n")
+        f.write(f"{title}\n\n{table}\n{CI_METHOD}." + (f" {NOT_CONVERGED_NOTE}." if not_converged else "") + "\n")
     return table
+
+
+def write_convergence(records: list[dict], path: str, title: str, layout: Layout, floor: float, images: int
+                      ) -> set:
+    """``convergence.md``: ``convergence_check`` on every cell, its numbers and verdict; returns the ``(row,
+    column)`` cells that fail."""
+    rows, failing = [], set()
+    for row in layout.rows(records):
+        for column in layout.columns:
+            check = convergence_check(layout.cell(records, row, column), floor, images)
+            if check is None:
+                continue
+            if not check.converged:
+                failing.add((row, column))
+            rows.append([row, layout.label(column), check.runs, f"{check.train_loss_gap:+.4f}",
+                         f"{check.late_gain:+.2f}", f"{check.late_gain_tolerance:.2f}",
+                         "yes" if check.converged else f"**no** {NOT_CONVERGED}"])
+    with open(path, "w") as f:
+        f.write(f"{title}\n\nThe convergence check, fixed before it was applied to these records "
+                f"(`validation_protocol.convergence_check`): a cell has converged when the mean final train loss of "
+                f"its converged runs is within {MAX_TRAIN_LOSS_GAP} nats of the label-smoothing floor ({floor:.4f} "
+                f"nats) and their mean gain of test accuracy over the last fifth of the run is below one binomial "
+                f"standard error of that accuracy on the {images} test images. {len(failing)} of {len(rows)} "
+                f"cells fail.\n\n"
+                + sweep.markdown_table([layout.row_header, "column", "runs", "train loss − floor (nats)",
+                                        "gain over last fifth (points)", "one SE (points)", "converged"], rows))
+    return failing
 
 
 def write_comparisons(records: list[dict], path: str, title: str, layout: Layout, reference: Hashable) -> str:

@@ -1,6 +1,7 @@
 """The rules that judge CaiT's claims on the depth ablation's final runs (experiments/cait_claims.py): Holm's
 correction and Fisher's test against hand computations, the Welch interval against scipy's, and each verdict on
 records built to produce it."""
+import math
 import os
 import sys
 
@@ -125,3 +126,20 @@ def test_the_claims_figure_draws_every_comparison_with_and_without_an_accuracy_t
     path = tmp_path / "claims.png"
     plots.plot_claims([judge(records, "4b")], str(path), title="synthetic")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_comparison_states_the_difference_its_welch_test_detects_at_holms_first_and_last_level(tmp_path):
+    from scipy import stats
+    records = [r for d in (48, 96) for r in runs("layerscale", True, d, HIGH) + runs("none", True, d, SAME)]
+    result = judge(records, "2")                               # two comparisons, two tests: α/m = 0.025
+    # HIGH: variance 0.228/4 = 0.057; SAME: 0.1/4 = 0.025; se² = (0.057 + 0.025)/5 = 0.0164;
+    # df = 0.0164² / ((0.0114² + 0.005²)/4) = 6.943
+    se, dof = math.sqrt(0.0164), 0.0164 ** 2 / ((0.0114 ** 2 + 0.005 ** 2) / 4)
+    assert dof == pytest.approx(6.943, abs=1e-3)
+    for c in result.comparisons:
+        strict, loose = c.detectable
+        assert strict == pytest.approx((stats.t.ppf(1 - 0.025 / 2, dof) + stats.t.ppf(0.8, dof)) * se)
+        assert loose == pytest.approx((stats.t.ppf(1 - 0.05 / 2, dof) + stats.t.ppf(0.8, dof)) * se)
+        assert 0.40 < loose < strict < 0.50
+    cc.write_claims(records, str(tmp_path / "claims.md"), "title", lambda r: r["accuracy"], depths=GRID)
+    assert f"| {strict:.2f} / {loose:.2f} | not resolved |" in (tmp_path / "claims.md").read_text()

@@ -217,6 +217,9 @@ def test_the_write_ups_verdicts_quote_the_committed_claims(path):
             reproduced = {verdicts[k] == "reproduced" for k in parts}
             assert len(reproduced) == 1 and row[column].startswith("**reproduced**") == reproduced.pop(), row
             quoted = _differences(row[column])
+            if {verdicts[k] for k in parts} == {"not tested"}:          # runs missing: the write-up says so
+                assert row[column].startswith("not tested") and not quoted, row
+                continue
             assert quoted, row
             tests = [d for k in parts for d in _differences(sections[k].split("| outcome |")[1])]
             for difference in quoted:

@@ -130,3 +130,6 @@ def test_the_convergence_check_holds_train_loss_to_the_floor_and_the_late_gain_t
                                 355)
     assert late.runs == 1 and late.late_gain == pytest.approx(1.0) and not late.converged
     assert vp.convergence_check([_final_run(9.9, 10.0, 10.0, diverged=True)], floor, 355) is None
+    few = _final_run(0.5, 97.0, 97.5)
+    few["evaluations"] = [{"step": 0}, {"step": 2000, "test_accuracy": 0.975}]    # nothing before the last fifth
+    assert vp.convergence_check([few], floor, 355) is None
