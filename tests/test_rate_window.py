@@ -190,3 +190,12 @@ def test_the_cost_arithmetic_that_chose_depth_48_is_what_the_committed_records_g
 def test_the_power_statement_is_the_t_approximation_by_hand():
     # 3 against 3, equal SDs: 4 df; t_{0.975,4} = 2.7764, t_{0.8,4} = 0.9410 (tables): (2.7764 + 0.9410)·√(2/3)
     assert rw.detectable_in_sds(3, 0.05) == pytest.approx((2.7764 + 0.9410) * math.sqrt(2 / 3), abs=1e-3)
+
+
+def test_the_committed_report_is_what_the_committed_records_give(tmp_path):
+    import shutil
+    if not os.path.exists(os.path.join(rw.OUT, "report.md")):
+        pytest.skip("no run of the test has been committed yet")
+    shutil.copytree(os.path.join(rw.OUT, "runs"), tmp_path / "runs")
+    assert rw.write_report(str(tmp_path)) == open(os.path.join(rw.OUT, "report.md")).read()
+    assert {r["run_id"] for r in rw.finished_records()} <= {s.run_id for s in rw.specs()}
