@@ -571,3 +571,19 @@ def test_an_old_checkpoint_whose_deletion_was_interrupted_is_set_aside_once(fini
         f"interrupted); moved to {workdir}/checkpoints/quarantine/4"]
     assert checkpoint_steps(workdir) == [STEPS]
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "quarantine", "4", "state"))
+
+
+def test_a_gs_workdir_that_cannot_be_reached_is_one_clear_error(tmp_path, monkeypatch):
+    """No network or no credentials: TensorFlow's gfile raised its own error (a 34-line traceback, rc 1)."""
+    class FailedPreconditionError(Exception):                  # what tf.errors raises: not an OSError
+        pass
+
+    def unreachable(self):
+        raise FailedPreconditionError("Error executing an HTTP request: libcurl code 6 meaning 'Could not resolve "
+                                      "hostname'\n\t when reading metadata of gs://bucket/run")
+
+    monkeypatch.setattr(type(epath.Path("gs://bucket/run")), "exists", unreachable)
+    with pytest.raises(workdir_lib.WorkdirError, match=r"--workdir gs://bucket/run cannot be reached "
+                                                       r"\(FailedPreconditionError: .*Could not resolve hostname.*\); "
+                                                       r"check the network and the credentials"):
+        loop_lib.train_and_evaluate(config(), "gs://bucket/run")

@@ -12,7 +12,7 @@ import time
 from etils import epath
 
 from layerscale_jax.cli import UserError
-from layerscale_jax.paths import finish_moves, move_all, read_json, write_text_atomically
+from layerscale_jax.paths import finish_moves, is_url, move_all, read_json, write_text_atomically
 
 # Config fields that may differ between the run that wrote a workdir and the run that resumes it: they change how
 # long the run goes on, what it logs, how it is laid out on devices, not what the checkpoints hold.
@@ -38,6 +38,13 @@ class WorkdirError(UserError):
 
 def create(workdir: epath.Path) -> None:
     """Create ``workdir`` (with its parents); ``WorkdirError`` in one line when it cannot hold a run."""
+    if is_url(workdir):
+        try:
+            workdir.exists()
+        except Exception as err:  # noqa: BLE001 - TensorFlow's gfile raises its own errors (no network, no login)
+            raise WorkdirError(f"--workdir {workdir} cannot be reached ({type(err).__name__}: "
+                               f"{' '.join(str(err).split())}); check the network and the credentials (gcloud auth "
+                               "application-default login), or use a local --workdir") from None
     if workdir.exists() and not workdir.is_dir():
         raise WorkdirError(f"--workdir {workdir} is a file, not a directory; give a directory (created if missing)")
     try:
