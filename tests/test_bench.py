@@ -118,8 +118,7 @@ def test_xla_options_compiles_each_option_set_and_times_them_against_the_default
     r = bench_xla_options(("ynn_off",), cases=[("toy", StepSpec(batch=2, overrides=TOY))], repeats=1)
     rows = {row["option"]: row for row in r["rows"]}
     assert set(rows) == {"xla_default", "ynn_off"}
-    assert rows["xla_default"]["speedup_vs_default"] == 1.0
-    assert rows["ynn_off"]["step_time_s"] > 0 and rows["ynn_off"]["error"] is None
+    assert rows["ynn_off"]["error"] is None and rows["ynn_off"]["step_time_s"] > 0
     assert rows["ynn_off"]["library_calls"]["ynn_fusion"] == 0
     with pytest.raises(ValueError, match="--options: unknown XLA option set.*no_such_option"):
         bench_xla_options(("no_such_option",))
@@ -143,12 +142,10 @@ def test_page_faults_runs_the_probe_in_fresh_processes_with_each_malloc():
     assert [run["glibc_tunables"] for run in r["runs"]["huge_page_malloc"]] == ["glibc.malloc.hugetlb=1"]
     if "tcmalloc" in names:
         assert [run["ld_preload"] for run in r["runs"]["tcmalloc"]] == [tcmalloc_library()]
-        assert r["tcmalloc_speedup"] > 0
     for name in names:
         assert r[name]["step_s"] > 0 and r[name]["minor_faults"] >= 0
         (run,) = r["runs"][name]             # the same probe measures memory for the `memory` entry
         assert 0 < run["xla_peak_bytes"] and 0 < run["rss_step_increase_bytes"] < run["rss_peak_during_steps_bytes"]
-    assert r["speedup"] == r["default_4k_pages"]["step_s"] / r["huge_page_malloc"]["step_s"]
 
 
 def test_report_renders_the_measured_ratios_and_each_rows_cpu_into_the_table():
@@ -201,14 +198,14 @@ def test_optimizer_entry_times_the_trainer_optimizer_against_plain_adamw_and_rep
     r = trainer.bench_optimizer(depths=(2,), layouts=("scan",), layer_decays=(0.75,), repeats=1, min_repeat_s=0.0)
     (row,) = r["rows"]
     assert row["depth"] == 2 and row["layout"] == "scan" and row["leaves"] > 0
-    assert row["ours_s"] > 0 and row["plain_s"] > 0 and row["ratio"] == row["ours_s"] / row["plain_s"]
+    assert row["ours_s"] > 0 and row["plain_s"] > 0
     assert row["state_nodes"] > 2 * row["leaves"] and row["stablehlo_ops"] > 0
     table = report({"entries": {"optimizer": r}, "machine": {"cpu": "test cpu"}})
     assert f"scan, layer decay 0.75, depth 2 | {row['ours_s'] * 1e3:.1f}/{row['plain_s'] * 1e3:.1f} ms" in table
 
 
 # Each bench module may import only modules listed before it (at module level or inside a function).
-IMPORT_ORDER = ("timing", "flops", "timm_worker", "peer", "step", "profile", "trainer", "report", "entries", "cli",
+IMPORT_ORDER = ("timing", "flops", "timm_worker", "peer", "step", "op_profile", "trainer", "report", "entries", "cli",
                 "__main__")
 
 
@@ -251,7 +248,7 @@ def test_every_entry_prints_its_results_from_a_committed_results_file(capsys):
 def test_layerscale_times_both_branch_scalings_alternately_and_reports_the_overhead():
     from layerscale_jax.bench.entries import bench_layerscale
     (row,) = bench_layerscale(repeats=3, cases=[("toy", 2, dict(TOY, init_values="auto"))])["rows"]
-    assert row["layerscale_step_s"] > 0 and row["none_step_s"] > 0 and -0.5 < row["overhead"] < 0.5
+    assert row["layerscale_step_s"] > 0 and row["none_step_s"] > 0      # the overhead itself: benchmarks/results
     assert row["variants"]["layerscale"]["bytes_accessed"] > row["variants"]["none"]["bytes_accessed"] > 0
 
 

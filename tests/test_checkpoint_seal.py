@@ -8,11 +8,14 @@ import subprocess
 import sys
 
 from etils import epath
+import pytest
 
 from layerscale_jax.checksums import file_digests
 from layerscale_jax.train.checkpoint import REWRITTEN_AT_COMMIT, Checkpointer
 
 from test_train import TINY, subprocess_env
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 WRITER = re.compile(r"(?:^|/)(?:ocdbt\.)?process_(\d+)(?:/|$)")
 

@@ -1,10 +1,13 @@
 """The package's imports point one way: no import cycle anywhere in ``layerscale_jax`` (counting imports inside
 functions too), and ``layers/`` imports nothing from the subpackages built on top of it. Read statically from the
-source (``ast``), so a lazy import that would close a cycle is caught without running it."""
+source (``ast``), so a lazy import that would close a cycle is caught without running it. And no file of the code is
+named like a standard-library module, which it would hide from whatever runs as a script beside it."""
 import ast
+import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "layerscale_jax"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "layerscale_jax"
 ABOVE_LAYERS = ("models", "optim", "data", "train", "convert", "bench")
 
 
@@ -106,3 +109,14 @@ def test_layers_import_nothing_from_the_packages_built_on_them():
     wrong = {name: sorted(m for m in imports if m.startswith(above))
              for name, imports in import_graph().items() if name.startswith("layerscale_jax.layers")}
     assert not {k: v for k, v in wrong.items() if v}
+
+
+def test_no_module_or_folder_is_named_like_a_standard_library_module():
+    """A script's folder comes first on ``sys.path``: ``bench/timm_worker.py`` (run as a script by the timm Python) and
+    the scripts in ``experiments/``, ``benchmarks/`` and ``scripts/`` would import a ``profile.py`` beside them instead
+    of the standard library's (which torch imports through ``cProfile``)."""
+    files = [p for folder in ("layerscale_jax", "experiments", "benchmarks", "scripts")
+             for p in (REPO / folder).rglob("*") if p.suffix == ".py" or (p / "__init__.py").exists()]
+    assert len(files) > 50
+    clashes = sorted(str(p.relative_to(REPO)) for p in files if p.stem in sys.stdlib_module_names)
+    assert not clashes, f"named like a standard-library module: {clashes}"

@@ -16,6 +16,8 @@ from layerscale_jax.train import loop as loop_lib
 
 from test_train import TINY, read_metrics, subprocess_env, tiny_config
 
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
 STEPS = 8
 # 4 heads, so that tensor=4 splits them; checkpoints every 4 steps.
 OVERRIDES = {"model.num_heads": 4, "train.checkpoint_every": 4}
@@ -145,12 +147,12 @@ def test_sigterm_to_one_process_stops_both_at_one_step_then_one_process_resumes(
 
 def test_a_failing_process_ends_the_job(tmp_path):
     """Process 1 cannot write its data state at the first checkpoint (a directory stands in the file's place); it
-    reports that and exits at once, and process 0 stops as well instead of waiting in a collective."""
+    reports that and exits at once, and process 0 stops as well: its next collective fails because process 1 has
+    closed its connection, instead of waiting in the collective until a timeout."""
     workdir = tmp_path / "fail"
     (workdir / "checkpoints" / "meta" / "4" / "data_process_1.json").mkdir(parents=True)
-    start = time.monotonic()
     procs = launch(str(workdir), *flags({"data": 2, "fsdp": 2}))
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode != 0 for p in procs] == [True, True], "\n\n".join(outputs)
     assert "error: saving the checkpoint of step 4" in outputs[1] and "data_process_1.json" in outputs[1]
-    assert time.monotonic() - start < 200
+    assert "error: saving the checkpoint of step 4" in outputs[0] and "Connection closed by peer" in outputs[0]

@@ -43,6 +43,8 @@ def test_a_notebook_imports_only_the_public_api(path):
     assert ours <= {"layerscale_jax", "layerscale_jax.cli"}, ours
 
 
+@pytest.mark.slow
+@pytest.mark.notebook
 def test_quickstart_trains_plots_and_loads_the_run_back():
     outputs = execute(QUICKSTART)
     stdout = text(outputs)
@@ -53,6 +55,8 @@ def test_quickstart_trains_plots_and_loads_the_run_back():
     assert images(outputs) == 2                                     # loss and λ; the test digits
 
 
+@pytest.mark.slow
+@pytest.mark.notebook
 def test_depth_ablation_notebook_executes_and_shows_the_diagnostics():
     outputs = execute(DEPTH_ABLATION)
     assert "train loss" in text(outputs)

@@ -25,6 +25,8 @@ from layerscale_jax.train import loop as loop_lib
 from test_multihost import config, flags, launch, losses
 from test_train import cli, read_metrics, subprocess_env, tiny_config
 
+pytestmark = [pytest.mark.slow]
+
 # The CLI's huge-page re-exec (layerscale_jax/runtime.py) imports the package twice; only the start-up test keeps it.
 NO_REEXEC = {"LAYERSCALE_JAX_MALLOC": "system"}
 STATE_INIT = "init_fn"                   # loop.create_trainer's state initialiser, compiled before the train step
@@ -80,6 +82,7 @@ def stopped_steps(text: str) -> list[int]:
     return [int(step) for step in re.findall(r"stopped at step (\d+);", text)]
 
 
+@pytest.mark.multiprocess
 def test_sigterm_to_one_process_during_compile_stops_both_at_one_step_and_the_rerun_resumes(tmp_path, monkeypatch):
     for name, value in {"JAX_LOG_COMPILES": "1", **NO_REEXEC}.items():
         monkeypatch.setenv(name, value)
@@ -88,10 +91,10 @@ def test_sigterm_to_one_process_during_compile_stops_both_at_one_step_and_the_re
     with running(launch(workdir, *flags({"data": 4}, **train))) as outputs:
         outputs[1].wait_for_train_step_compile()
         outputs[1].proc.send_signal(signal.SIGTERM)       # the non-primary process only, before its first step
-        signalled = time.monotonic()
         texts = [out.finish() for out in outputs]
+    # Both ended by the stop, at one step: exit 0 (a process that waited for a lost peer would fail when the
+    # runtime's wait timed out) and one stop line each at the same step (one that trained on would stop later).
     assert [out.proc.returncode for out in outputs] == [0, 0], "\n\n".join(texts)
-    assert time.monotonic() - signalled < 120             # neither trains on nor waits for a lost peer
     (stop,), (other,) = stopped_steps(texts[0]), stopped_steps(texts[1])
     assert stop == other >= 1, texts
     assert sorted(d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()) == [str(stop)]
@@ -115,6 +118,7 @@ def catches(pid: int, signum: int) -> bool:
     return bool(caught >> (signum - 1) & 1)
 
 
+@pytest.mark.multiprocess
 def test_sigterm_before_the_distributed_connect_stops_both_processes_at_one_point(tmp_path):
     """Process 1 gets the signal while process 0 has not started the coordination service yet; both resume a
     checkpoint of step 2, so they stop before step 3 (the usual case: the notice has reached JAX's sync protocol
@@ -134,11 +138,13 @@ def test_sigterm_before_the_distributed_connect_stops_both_processes_at_one_poin
             procs[1].send_signal(signal.SIGTERM)
         finally:
             procs[0].send_signal(signal.SIGCONT)
-        resumed = time.monotonic()
         texts = [out.finish() for out in outputs]
+    # Both ended by the stop, not by jax.distributed's connect timeout (which fails the process): exit 0, the stop's
+    # line last.
     assert [p.returncode for p in procs] == [0, 0], "\n\n".join(texts)
-    assert time.monotonic() - resumed < 120               # not jax.distributed's 300 s connect timeout
     last_lines = {text.splitlines()[-1] for text in texts}
+    assert all(re.fullmatch(r"stopped (before step 3: nothing new to save|at step \d+; checkpoint saved in .*)", line)
+               for line in last_lines), texts
     assert len(last_lines) == 1, texts                    # both at the same point
     saved = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
     if last_lines == {"stopped before step 3: nothing new to save"}:

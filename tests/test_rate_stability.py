@@ -3,6 +3,7 @@ pre-registration says, its statistic matches a hand computation, and a run cut a
 the first N steps of the uncut run."""
 import math
 import os
+import re
 import sys
 
 import pytest
@@ -12,9 +13,39 @@ import depth_ablation as da  # noqa: E402
 import rate_stability as rs  # noqa: E402
 
 
-def test_the_committed_preregistration_is_the_drivers_text():
-    with open(os.path.join(rs.OUT, "preregistration.md")) as f:
-        assert f.read() == rs.PREREGISTRATION
+def test_the_committed_preregistration_describes_the_runs_the_driver_trains_and_the_rule_it_applies(monkeypatch):
+    """The design read from the committed ``preregistration.md`` against what ``run`` hands the trainer and the
+    threshold ``verdict`` applies; and the driver runs against that document unchanged (it refuses any other)."""
+    from layerscale_jax.layers.scaling import keeps_layernorm
+    path = os.path.join(rs.OUT, "preregistration.md")
+    text = " ".join(open(path).read().split())
+    assert rs.write_preregistration(rs.OUT) == path
+    rate, depths, seeds = re.search(r"\*\*Runs\*\*: rate ([\d.e-]+); depths ([\d, ]+); new seeds ([\d, ]+) ",
+                                    text).groups()
+    without, with_ = re.search(r"without LayerNorm: (.+?); with it: (.+?) \(plain", text).groups()
+    n_without, n_with = map(int, re.search(r"(\d+) \+ (\d+) runs", text).groups())
+    stop, schedule = map(int, re.search(r"within the first (\d+) steps of the (\d+)-step schedule", text).groups())
+    alpha = float(re.search(r"\*confirmed\* if p < ([\d.]+) ", text)[1])
+
+    handed = {}
+    monkeypatch.setattr(rs.da, "run_sweep", lambda specs, sizing, out, overrides: handed.update(
+        specs=specs, sizing=sizing, overrides=overrides) or [])
+    rs.run()
+    specs = handed["specs"]
+    assert {s.learning_rate for s in specs} == {float(rate)} and {s.protocol for s in specs} == {"rates"}
+    assert sorted({s.depth for s in specs}) == [int(d) for d in depths.split(", ")]
+    assert sorted({s.seed for s in specs}) == [int(k) for k in seeds.split(", ")]
+    assert {s.steps for s in specs} == {handed["sizing"].steps} == {schedule}
+    assert handed["overrides"] == {"train.stop_after_steps": stop}
+    column = lambda label: (label.removesuffix(" (no warm-up)"), not label.endswith(" (no warm-up)"))  # noqa: E731
+    for labels, layernorm, runs in ((without, False, n_without), (with_, True, n_with)):
+        mine = [s for s in specs if keeps_layernorm(s.scheme) == layernorm]
+        assert {(s.scheme, s.warmup) for s in mine} == {column(label) for label in labels.split(", ")}
+        assert len(mine) == runs == len(depths.split(", ")) * len(seeds.split(", ")) * len(labels.split(", "))
+    records = [_record(s, not keeps_layernorm(s.scheme)) for s in specs]
+    for p, decision in ((alpha * 0.99, "confirmed"), (alpha, "not confirmed")):
+        monkeypatch.setattr(rs.cait_claims, "fisher_divergence", lambda *args, alternative, p=p: p)
+        assert rs.verdict(records)["decision"] == decision
 
 
 def test_a_design_changed_after_registration_is_refused(tmp_path):

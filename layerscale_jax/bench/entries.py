@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layerscale_jax.bench import profile, timing, trainer
+from layerscale_jax.bench import op_profile, timing, trainer
 from layerscale_jax.bench.report import report, show, summarize
 from layerscale_jax.bench.step import (CompiledStep, StepSpec, init_state, make_optimizer, make_step_fn,
                                        measure_train_step, prepare, synthetic_batch, xla_cost)
@@ -73,8 +73,8 @@ def train_step(spec: StepSpec = StepSpec(), vs_timm: bool = False, vs_peer: bool
 
 @entry("profile", "kind ms_per_step count shape op_name")
 def bench_profile(spec: StepSpec = StepSpec(), steps: int = 3, top: int = 25) -> dict:
-    """Where the train step's time goes, per XLA operation (``profile.profile_step``)."""
-    return profile.profile_step(spec, steps=steps, top=top)
+    """Where the train step's time goes, per XLA operation (``op_profile.profile_step``)."""
+    return op_profile.profile_step(spec, steps=steps, top=top)
 
 
 @entry("matmul")

@@ -17,7 +17,7 @@ branches ``f₁ = SA`` and ``f₂ = FFN`` of a block:
 - ``scalar``       ``x + α · f(LN(x))``, one learnable scalar α per branch initialised to ε (the per-layer scalar
                    the CaiT paper compares LayerScale with: "normalisation kept, scalar").
 - ``scalar_zero``  ``x + α · f(LN(x))``, one scalar α per branch initialised to 0, LayerNorm kept: the same
-                   family with a zero start (what ``skipinit`` used to mean here before it followed De & Smith).
+                   family with a zero start.
 - ``rezero``       ``x + α · f(x)``, no LayerNorm, ONE scalar α per block shared by its two branches, initialised
                    to 0 (Bachlechner et al., "ReZero is All You Need", 2020: "a single additional learned
                    parameter per layer"; the official ``RZTXEncoderLayer`` multiplies both sublayers by the same
@@ -32,7 +32,8 @@ input embedding by a data-dependent factor, and is defined for encoder-decoder T
 not a branch multiplier, so they cannot be expressed as a ``branch_scaling`` without a second initialisation path
 through every model.
 
-The multiplier is always stored and applied in float32, so with bfloat16 compute the residual stream stays float32.
+The multiplier is stored in float32 and is folded into the branch's output layer (``factor()``, used by
+``layers.blocks`` through ``layers.common.linear``); the branch output joins the float32 residual stream.
 """
 from __future__ import annotations
 
@@ -81,38 +82,29 @@ def validate_branch_scaling(branch_scaling: str, init_values: InitValues) -> Non
 
 
 class LayerScale(nnx.Module):
-    """Per-channel learnable diagonal: ``y = diag(λ) · x`` with λ ∈ R^D initialised to ε, kept in float32."""
+    """Per-channel learnable diagonal ``diag(λ)``, λ ∈ R^D initialised to ε, kept in float32."""
 
     def __init__(self, dim: int, init_value: float):
         self.gamma = nnx.Param(jnp.full((dim,), init_value, dtype=jnp.float32))
 
-    def __call__(self, branch: jnp.ndarray) -> jnp.ndarray:
-        return self.gamma[...] * branch.astype(jnp.float32)
-
     def factor(self) -> jnp.ndarray:
-        """λ, for blocks that fold the scaling into the branch's output layer (``layers.common.linear``)."""
+        """λ, folded into the branch's output layer (``layers.common.linear``)."""
         return self.gamma[...]
 
 
 class ScalarScale(nnx.Module):
-    """One learnable scalar for the whole branch: ``y = α · x`` (``scalar``, ``scalar_zero``, ReZero, SkipInit),
-    kept in float32."""
+    """One learnable scalar α for the whole branch (``scalar``, ``scalar_zero``, ReZero, SkipInit), kept in float32."""
 
     def __init__(self, init_value: float):
         self.alpha = nnx.Param(jnp.full((), init_value, dtype=jnp.float32))
 
-    def __call__(self, branch: jnp.ndarray) -> jnp.ndarray:
-        return self.alpha[...] * branch.astype(jnp.float32)
-
     def factor(self) -> jnp.ndarray:
+        """α, folded into the branch's output layer (``layers.common.linear``)."""
         return self.alpha[...]
 
 
 class Identity(nnx.Module):
-    """No scaling (``none``): the branch output joins the float32 residual stream unchanged."""
-
-    def __call__(self, branch: jnp.ndarray) -> jnp.ndarray:
-        return branch.astype(jnp.float32)
+    """No scaling (``none``): no factor, the branch output is left as it is."""
 
     def factor(self) -> None:
         return None
