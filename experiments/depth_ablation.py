@@ -386,10 +386,12 @@ def best_learning_rates(records: list[dict], images: int, columns=COLUMNS, depth
     ``per_depth[(scheme, warm-up, depth)]``: each cell's ``best_rate``; ``one_rate[(scheme, warm-up)]``: the rate
     swept at every depth with the most validation images right summed over the depths (integer counts,
     ``vp.correct_images``), a diverged run counting 0 (ties: the lower rate); ``bracketed[...]``: whether the cell's
-    best rate is strictly inside its swept range. A cell whose sweep is unfinished, or whose runs all diverged, is a
-    ValueError naming it."""
+    best rate is strictly inside its swept range; ``tie_at_edge[...]``: whether an edge rate of the cell's sweep got
+    as many images right as the best (inside only by the tie rule); ``one_rate_bracketed[(scheme, warm-up)]``:
+    whether the one rate is strictly inside the rates swept at every depth. A cell whose sweep is unfinished, or
+    whose runs all diverged, is a ValueError naming it."""
     vp.require_validation(records, "best_learning_rates")
-    per_depth, bracketed, one_rate = {}, {}, {}
+    per_depth, bracketed, one_rate, tie_at_edge, one_rate_bracketed = {}, {}, {}, {}, {}
     for scheme, warmup in columns:
         by_depth = {}
         for depth in depths:
@@ -406,10 +408,16 @@ def best_learning_rates(records: list[dict], images: int, columns=COLUMNS, depth
             bracketed[(scheme, warmup, depth)] = wanted[0] < best < wanted[-1]
             by_depth[depth] = {r["learning_rate"]: (0 if r["diverged"] else vp.correct_images(r, images))
                                for r in have}
+            counts = by_depth[depth]
+            edges = [lr for lr in counts if math.isclose(lr, wanted[0]) or math.isclose(lr, wanted[-1])]
+            tie_at_edge[(scheme, warmup, depth)] = bracketed[(scheme, warmup, depth)] and any(
+                counts[lr] == counts[best] for lr in edges)
         common = set.intersection(*(set(v) for v in by_depth.values()))
         one_rate[(scheme, warmup)] = max(sorted(common), key=lambda lr: (sum(v[lr] for v in by_depth.values()),
                                                                          -lr))
-    return {"per_depth": per_depth, "one_rate": one_rate, "bracketed": bracketed}
+        one_rate_bracketed[(scheme, warmup)] = min(common) < one_rate[(scheme, warmup)] < max(common)
+    return {"per_depth": per_depth, "one_rate": one_rate, "bracketed": bracketed, "tie_at_edge": tie_at_edge,
+            "one_rate_bracketed": one_rate_bracketed}
 
 
 def final_specs(rates: dict, steps: int, depths=DEPTHS, seeds=FINAL_SEEDS, columns=COLUMNS) -> list[RunSpec]:
@@ -631,9 +639,13 @@ def write_rates_report(out: str, validation_images: int, columns=COLUMNS, depths
         unresolved += within_se
         lead = "–" if runner_up is None else f"{best - runner_up:.1f}" + (" (< SE)" if within_se else "")
         rows.append([_label(scheme, warmup), depth, f"{swept[0]:g} … {swept[-1]:g} ({len(swept)})", f"{lr:g}",
-                     "yes" if rates["bracketed"][(scheme, warmup, depth)] else "**no (edge)**",
+                     ("yes, by the tie rule" if rates["tie_at_edge"][(scheme, warmup, depth)] else "yes")
+                     if rates["bracketed"][(scheme, warmup, depth)] else "**no (edge)**",
                      f"{best:.1f}", lead, sum(r["diverged"] for r in mine)])
-    one = [[_label(*c), f"{lr:g}"] for c, lr in rates["one_rate"].items()]
+    common = {c: sorted(set.intersection(*({r["learning_rate"] for r in _cell_records(records, *c, d)}
+                                           for d in depths))) for c in rates["one_rate"]}
+    one = [[_label(*c), f"{lr:g}", f"{common[c][0]:g} … {common[c][-1]:g}",
+            "yes" if rates["one_rate_bracketed"][c] else "**no (edge)**"] for c, lr in rates["one_rate"].items()]
     with open(os.path.join(out, "rates.md"), "w") as f:
         f.write(f"Rates ({describe(records, 'rate sweep', 'seed 0')}), chosen on final validation accuracy. "
                 f"{sweep.machines_note(records)} Compute: {sweep.compute_note(records)}\n\n"
@@ -645,7 +657,9 @@ def write_rates_report(out: str, validation_images: int, columns=COLUMNS, depths
                                         "val acc at best (%)", "lead over next-best rate (points)",
                                         "diverged runs"], rows)
                 + "\nOne rate for all depths (the most validation images right summed over the depths, a diverged "
-                  "run counting 0; ties: the lower rate):\n\n" + sweep.markdown_table(["column", "rate"], one)
+                  "run counting 0; ties: the lower rate), and whether it is inside the rates swept at every "
+                  "depth — at an edge, a rate beyond might be better at some depth, untested:\n\n"
+                + sweep.markdown_table(["column", "rate", "swept at every depth", "bracketed"], one)
                 + divergence_by_rate(records, sorted(depths)[-2:]))
     sweep.write_csv(sorted(records, key=lambda r: (r["depth"], r["scheme"], not r["warmup"], r["learning_rate"])),
                     os.path.join(out, "results.csv"), RATE_CSV_FIELDS)

@@ -322,6 +322,8 @@ def test_rates_are_chosen_per_depth_and_once_for_all_depths_on_validation():
     assert rates["per_depth"] == {("layerscale", True, 12): 2e-3, ("layerscale", True, 48): 1e-3}
     assert rates["bracketed"] == {("layerscale", True, 12): True, ("layerscale", True, 48): True}
     assert rates["one_rate"] == {("layerscale", True): 2e-3}                  # 90 + 70 of 100 images is the most
+    assert rates["one_rate_bracketed"] == {("layerscale", True): True}        # inside 1e-3 … 5e-3, swept at both
+    assert not any(rates["tie_at_edge"].values())
     assert da.rates_from_json(da.rates_to_json(rates)) == rates
     with pytest.raises(ValueError, match="validation split only"):
         da.best_learning_rates([fake_record(split="test")], 100, columns=(("layerscale", True),), depths=(12,))
@@ -343,11 +345,18 @@ def test_the_one_rate_choice_compares_whole_images_and_breaks_a_tie_to_the_lower
     assert floats == {1e-2: 4.8807017543859645, 2e-2: 4.880701754385965}          # the sum that broke the tie
     rates = da.best_learning_rates(records, 285)
     assert rates["one_rate"][("layerscale", True)] == 1e-2
+    # the audit: `none` (5e-3) and `scalar` (2e-2) sit at an edge of the rates swept at every depth, three
+    # per-depth cells are inside only because an edge rate's tie went to the lower rate
+    assert {c for c, inside in rates["one_rate_bracketed"].items() if not inside} == {("none", True), ("scalar", True)}
+    assert {c for c, tie in rates["tie_at_edge"].items() if tie} == {("none", True, 6), ("scalar", True, 24),
+                                                                     ("skipinit", False, 24)}
     # a synthetic tie: 1 + 2 against 2 + 1 of 3 images at two depths; the lower rate
     tie = [fake_record(depth=d, lr=lr, acc=c / 3) for d, counts in {12: {1e-3: 1, 2e-3: 2}, 48: {1e-3: 2, 2e-3: 1}}
            .items() for lr, c in counts.items()]
-    assert da.best_learning_rates(tie, 3, columns=(("layerscale", True),), depths=(12, 48),
-                                  start=(1e-3, 2e-3), max_extensions=0)["one_rate"] == {("layerscale", True): 1e-3}
+    tied = da.best_learning_rates(tie, 3, columns=(("layerscale", True),), depths=(12, 48), start=(1e-3, 2e-3),
+                                  max_extensions=0)
+    assert tied["one_rate"] == {("layerscale", True): 1e-3} and tied["one_rate_bracketed"] == {("layerscale", True):
+                                                                                               False}
 
 
 def test_rates_md_marks_a_choice_whose_lead_is_below_the_binomial_standard_error(tmp_path):
