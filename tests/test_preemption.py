@@ -240,3 +240,26 @@ def test_a_second_ctrl_c_that_python_dropped_in_a_gc_callback_interrupts_at_the_
             stop_signals.reached_sync_point(2)
     with stop_signals:                                   # a new run starts without the old interrupt
         assert not stop_signals.reached_sync_point(1)
+
+
+@pytest.mark.parametrize("when", ["after a second Ctrl-C", "a Ctrl-C during the exit"])
+def test_the_process_leaves_at_once_without_the_noise_of_cut_off_save_threads(when):
+    """A thread still working at exit (as orbax's save threads after a second Ctrl-C) neither holds the process nor
+    prints; a Ctrl-C while the exit waits for such threads (status 0) stops at once with the one line."""
+    import subprocess
+    import sys
+    program = ("import os, signal, sys, threading, time\n"
+               "from layerscale_jax.train.__main__ import exit_process\n"
+               "def save_thread():\n"
+               "    time.sleep(600)\n"
+               "    print('Event loop is closed', file=sys.stderr)\n"
+               "threading.Thread(target=save_thread).start()\n"
+               f"status = {130 if when == 'after a second Ctrl-C' else 0}\n"
+               "if status == 0:\n"
+               "    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+               "exit_process(status)\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines() == ([] if when == "after a second Ctrl-C" else [
+        "interrupted by a second Ctrl-C: stopped at once, without saving; rerun the command to resume from the last "
+        "checkpoint"])

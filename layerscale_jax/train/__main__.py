@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import traceback
 
@@ -40,6 +41,8 @@ from layerscale_jax.train.config import load_config, validate_experiment_config 
 
 CONFIG_FLAG = "config"
 EXIT_INTERRUPTED = 130                        # 128 + SIGINT, as a shell reports a Ctrl-C
+INTERRUPTED_MESSAGE = ("interrupted by a second Ctrl-C: stopped at once, without saving; rerun the command to resume "
+                       "from the last checkpoint")
 _HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 
 
@@ -227,8 +230,7 @@ def run_job(argv: list[str] | None = None) -> int:
         with stop_signals:
             status = run_cli(main, argv)
     except KeyboardInterrupt:                 # a second Ctrl-C: the workdir's lock is released on the way out
-        print("interrupted by a second Ctrl-C: stopped at once, without saving; rerun the command to resume from the "
-              "last checkpoint", file=sys.stderr, flush=True)
+        print(INTERRUPTED_MESSAGE, file=sys.stderr, flush=True)
         status = EXIT_INTERRUPTED
     except BaseException:
         if not _is_multiprocess():
@@ -242,10 +244,27 @@ def run_job(argv: list[str] | None = None) -> int:
     return status
 
 
+def exit_process(status: int) -> None:
+    """Leave the process with ``status``. After a second Ctrl-C (130), at once: orbax's save threads, cut off
+    mid-write, printed their failures while the interpreter shut down ("Event loop is closed", up to ~1,150 lines)
+    or kept it waiting. Otherwise the normal exit, during which (JAX and orbax finishing their work) a Ctrl-C stops
+    at once with the one line too, instead of a traceback or a silent exit by the signal."""
+    def at_once(signum, frame):
+        print(INTERRUPTED_MESSAGE, file=sys.stderr, flush=True)
+        os._exit(EXIT_INTERRUPTED)
+
+    signal.signal(signal.SIGINT, at_once)
+    if status == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 def _is_multiprocess() -> bool:
     jax = sys.modules.get("jax")
     return jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1
 
 
 if __name__ == "__main__":
-    sys.exit(run_job())
+    exit_process(run_job())
