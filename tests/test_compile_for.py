@@ -158,3 +158,54 @@ def test_the_python_api_returns_the_report_without_opening_the_dataset():
     report = lsj.compile_for(config, "v5e-4")
     assert report.fits and report.num_chips == 4 and report.train_memory.temporaries > 0
     assert report.compile_seconds["train"] > 0 and "eval" in report.compile_seconds
+
+
+def fake_compiles(monkeypatch, fits):
+    """``compile_for`` replaced by a function of the candidate config (``fits(config) -> bool``), recording the
+    candidates tried; the mesh's batch devices fixed at 16."""
+    from types import SimpleNamespace
+
+    from layerscale_jax.train import compile_for as module
+    tried = []
+
+    def fake(config, target, check_fit=True, eval_step=True):
+        tried.append((config.optim.accum_steps, config.model.remat, config.train.mesh.data))
+        ok = fits(config)
+        if not ok and check_fit:
+            raise module.DoesNotFit(f"{config.model.name} does not fit: it needs 20.00 GiB per chip; more")
+        return SimpleNamespace(fits=ok, peak_bytes=(10 if ok else 20) * GiB, hbm_per_chip=16 * GiB)
+
+    monkeypatch.setattr(module, "compile_for", fake)
+    monkeypatch.setattr(module, "_batch_devices", lambda config, target: 16)
+    return module, tried
+
+
+def recipe_config(*overrides):
+    from layerscale_jax.train.__main__ import parse_command_line
+    return parse_command_line(["--config", "configs/imagenet_deit3.py:variant=B", *overrides,
+                               "--compile_for", "v5e-16"])["config"].value
+
+
+def test_fit_finds_the_largest_per_chip_micro_batch_first(monkeypatch):
+    module, tried = fake_compiles(monkeypatch, lambda c: c.optim.accum_steps >= 4 and c.model.remat == "none")
+    report, overrides = module.fit_search(recipe_config(), "v5e-16", log=lambda line: None)
+    assert overrides == {"optim.accum_steps": 4} and report.fits
+    assert tried[0] == (1, "none", 1) and all(remat == "none" for _, remat, _ in tried)
+    assert module.command_line_overrides(overrides) == "--config.optim.accum_steps=4"
+
+
+def test_fit_tries_remat_when_no_micro_batch_fits_then_more_fsdp(monkeypatch):
+    module, tried = fake_compiles(monkeypatch, lambda c: c.model.remat == "full")
+    _, overrides = module.fit_search(recipe_config(), "v5e-16", log=lambda line: None)
+    assert overrides == {"model.remat": "full"}
+    assert [r for _, r, _ in tried].index("full") > [r for _, r, _ in tried].index("dots_saveable")
+    module, tried = fake_compiles(monkeypatch, lambda c: c.train.mesh.data == 1)
+    _, overrides = module.fit_search(recipe_config("--config.train.mesh.data=4", "--config.train.mesh.fsdp=4"),
+                                     "v5e-16", log=lambda line: None)
+    assert overrides == {"train.mesh.data": 1, "train.mesh.fsdp": -1}
+
+
+def test_fit_says_so_in_one_error_when_nothing_fits(monkeypatch):
+    module, _ = fake_compiles(monkeypatch, lambda c: False)
+    with pytest.raises(module.DoesNotFit, match=r"does not fit v5e-16 with any per-chip batch, remat policy or fsdp"):
+        module.fit_search(recipe_config(), "v5e-16", log=lambda line: None)

@@ -214,30 +214,37 @@ def does_not_fit(config, target, needed: float, available: float, what: str) -> 
             f"--config.model.remat=full or more fsdp would; rerun with --fit to find the first that does")
 
 
-def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool = True) -> CompileReport:
-    """Compile ``config``'s train and eval steps for ``target`` (a name of ``train.targets``) and report per-chip
-    memory, FLOPs, collectives and the roofline bound. ``check_fit``: a run that does not fit the chip's HBM
-    raises ``DoesNotFit`` (a ``UserError``: one line with the numbers) instead of returning its report.
-    ``eval_step=False`` compiles the train step only."""
+@dataclasses.dataclass
+class CompiledSteps:
+    """A config's steps compiled for a target: what ``compile_for`` reports on (and the design-card tests read)."""
+    target: targets_lib.Target
+    mesh: Any
+    trainer: Any                    # loop.Trainer
+    compiled: dict[str, Any]        # "train" (and "eval"): jax.stages.Compiled
+    seconds: dict[str, float]       # compile time of each
+
+
+def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSteps:
+    """``config``'s train (and eval) step, built by ``loop.create_trainer`` exactly as the run builds them, lowered
+    with abstract sharded inputs over ``target``'s devices and compiled by its compiler. libtpu's out-of-memory
+    raises ``DoesNotFit``."""
     from layerscale_jax.train import loop as loop_lib
     from layerscale_jax.train.config import validate_experiment_config
 
     validate_experiment_config(config)
     parsed = targets_lib.parse_target(target)
-    devices = targets_lib.target_devices(parsed)
-    mesh = shard_lib.make_mesh(config.train.mesh, devices)
+    mesh = shard_lib.make_mesh(config.train.mesh, targets_lib.target_devices(parsed))
     tc = config.train
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)    # cross-compiled entries cannot be read back
     try:
         trainer = loop_lib.create_trainer(config, mesh, info=declared_dataset_info(config))
+        steps = {"train": (trainer.train_step, (trainer.abstract_state,
+                                                batch_specs(config, mesh, tc.batch_size, False)))}
+        if eval_step:
+            steps["eval"] = (trainer.eval_step, (trainer.abstract_state["params"],
+                                                 batch_specs(config, mesh, tc.eval_batch_size, True)))
         seconds, compiled = {}, {}
-        steps = {"train": (trainer.train_step, (trainer.abstract_state, batch_specs(config, mesh, tc.batch_size,
-                                                                                      False))),
-                 "eval": (trainer.eval_step, (trainer.abstract_state["params"],
-                                              batch_specs(config, mesh, tc.eval_batch_size, True)))}
-        if not eval_step:
-            del steps["eval"]
         for name, (step, args) in steps.items():
             start = time.perf_counter()
             try:
@@ -250,18 +257,28 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
             seconds[name] = time.perf_counter() - start
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)
+    return CompiledSteps(parsed, mesh, trainer, compiled, seconds)
+
+
+def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool = True) -> CompileReport:
+    """Compile ``config``'s train and eval steps for ``target`` (a name of ``train.targets``) and report per-chip
+    memory, FLOPs, collectives and the roofline bound. ``check_fit``: a run that does not fit the chip's HBM
+    raises ``DoesNotFit`` (a ``UserError``: one line with the numbers) instead of returning its report.
+    ``eval_step=False`` compiles the train step only."""
+    steps = compile_steps(config, target, eval_step=eval_step)
+    parsed, mesh, compiled, tc = steps.target, steps.mesh, steps.compiled, config.train
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
     report = CompileReport(
         target=parsed.name, topology=parsed.describe(), chip=parsed.chip.name, chip_source=parsed.chip.source,
         num_chips=parsed.num_chips, mesh={k: int(v) for k, v in mesh.shape.items()},
-        model=describe_model(config, trainer),
+        model=describe_model(config, steps.trainer),
         global_batch=tc.batch_size, per_chip_batch=tc.batch_size // batch_devices,
         accum_steps=config.optim.accum_steps, hbm_per_chip=parsed.chip.hbm_bytes,
         train_memory=StepMemory.of(compiled["train"]),
         eval_memory=StepMemory.of(compiled["eval"]) if eval_step else None,
         flops_per_step=analytic_flops(config),
         collectives=shard_lib.collectives_by_kind(shard_lib.collectives(compiled["train"].as_text())),
-        compile_seconds=seconds, peak_flop_per_s=parsed.chip.peak_bf16_flop_per_s,
+        compile_seconds=steps.seconds, peak_flop_per_s=parsed.chip.peak_bf16_flop_per_s,
         hbm_bytes_per_s=parsed.chip.hbm_bytes_per_s)
     if check_fit and not report.fits:
         raise DoesNotFit(does_not_fit(config, parsed, report.peak_bytes, report.hbm_per_chip,
@@ -303,7 +320,7 @@ def _layouts(config) -> list[dict]:
     mesh = config.train.mesh
     found = []
     if mesh.get("data", 1) != 1:
-        found.append({"train.mesh.data": 1, "train.mesh.fsdp": -1 if mesh.get("fsdp", 1) != -1 else -1})
+        found.append({"train.mesh.data": 1, "train.mesh.fsdp": -1})
     if mesh.get("dcn_data", 1) > 1:
         found.append({**(found[-1] if found else {}), "train.mesh.dcn_fsdp": mesh.get("dcn_data") *
                       mesh.get("dcn_fsdp", 1), "train.mesh.dcn_data": 1})
