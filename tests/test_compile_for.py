@@ -113,6 +113,7 @@ def command(*args, timeout=900):
                           cwd=ROOT, env=env, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_an_unknown_target_on_the_command_line_is_one_error_line_before_jax_starts():
     result = command("--config", TINY, "--compile_for", "v5e-257")
     assert result.returncode == 2 and result.stdout == ""
@@ -120,6 +121,7 @@ def test_an_unknown_target_on_the_command_line_is_one_error_line_before_jax_star
     assert line.startswith("error: --compile_for 'v5e-257': v5e slices have 1, 4, 8, 16") and "known names" in line
 
 
+@pytest.mark.slow
 def test_fit_and_json_need_compile_for():
     result = command("--config", TINY, "--workdir", "/tmp/never_created_by_this_test", "--json")
     assert result.returncode == 2 and result.stderr.strip() == "error: --fit and --json go with --compile_for TARGET"
@@ -130,6 +132,7 @@ SMALL = ("--config.data.mixup_alpha=0", "--config.data.cutmix_alpha=0",       # 
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_compile_for_prints_one_screen_and_the_report_as_the_last_json_line():
     result = command("--config", f"{TINY}:scan_layers=True", "--compile_for", "v5e-4", "--json", *SMALL)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -150,6 +153,7 @@ def test_compile_for_prints_one_screen_and_the_report_as_the_last_json_line():
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_the_python_api_returns_the_report_without_opening_the_dataset():
     config = tiny_config("scan_layers=True")
     config.data.name = "imagenet2012"          # not prepared here: compile_for takes the shapes from the config
@@ -186,6 +190,7 @@ def recipe_config(*overrides):
                                "--compile_for", "v5e-16"])["config"].value
 
 
+@pytest.mark.slow
 def test_fit_finds_the_largest_per_chip_micro_batch_first(monkeypatch):
     module, tried = fake_compiles(monkeypatch, lambda c: c.optim.accum_steps >= 4 and c.model.remat == "none")
     report, overrides = module.fit_search(recipe_config(), "v5e-16", log=lambda line: None)
@@ -194,6 +199,7 @@ def test_fit_finds_the_largest_per_chip_micro_batch_first(monkeypatch):
     assert module.command_line_overrides(overrides) == "--config.optim.accum_steps=4"
 
 
+@pytest.mark.slow
 def test_fit_tries_remat_when_no_micro_batch_fits_then_more_fsdp(monkeypatch):
     module, tried = fake_compiles(monkeypatch, lambda c: c.model.remat == "full")
     _, overrides = module.fit_search(recipe_config(), "v5e-16", log=lambda line: None)
@@ -205,6 +211,7 @@ def test_fit_tries_remat_when_no_micro_batch_fits_then_more_fsdp(monkeypatch):
     assert overrides == {"train.mesh.data": 1, "train.mesh.fsdp": -1}
 
 
+@pytest.mark.slow
 def test_fit_says_so_in_one_error_when_nothing_fits(monkeypatch):
     module, _ = fake_compiles(monkeypatch, lambda c: False)
     with pytest.raises(module.DoesNotFit, match=r"does not fit v5e-16 with any per-chip batch, remat policy or fsdp"):

@@ -22,8 +22,9 @@ import pytest
 
 from test_train import tiny_config
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                                reason="libtpu is not installed (pip install -e '.[tpu]')")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                 reason="libtpu is not installed (pip install -e '.[tpu]')"),
+              pytest.mark.slow]                       # each compile: seconds of CPU
 BATCH, WIDTH, HEADS, TOKENS, CHIPS = 16, 128, 4, 17, 4
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = ([a-z]+\d*)\[([\d,]*)\]")
