@@ -60,8 +60,7 @@ def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *,
     accuracy axis spanning only them, so differences of a point between trained columns can be seen. ``columns``
     are the (scheme, warm-up) pairs in legend order."""
     plt = sweep.pyplot()
-    converged_values = [accuracy(r) for r in records if not r["diverged"]]
-    zoom_from = max(math.floor(min(converged_values, default=0)) - 1, 0)
+    zoom_from, zoom_to = zoom_limits(records, accuracy)
     if zoom_from >= 50:
         fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4.4))
     else:
@@ -78,7 +77,11 @@ def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *,
     full.set_ylabel(ylabel)
     if zoom:
         full.set_title("every run (diverged at 0)", fontsize=8)
-        zoom.set_ylim(zoom_from, 100)
+        zoom.set_ylim(zoom_from, zoom_to)
+        if zoom_to > 100:
+            zoom.axhline(100, color="black", linewidth=0.6, linestyle=":")
+            zoom.text(0.01, 100, " 100% (an interval above it: one seed far below the others)", fontsize=6,
+                      va="bottom", transform=zoom.get_yaxis_transform())
         zoom.set_title("converged runs, accuracy axis zoomed to them (same data)", fontsize=8)
         fig.suptitle(wrap(title, 150), fontsize=7)
     else:
@@ -86,6 +89,18 @@ def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *,
     if any_diverged:
         full.scatter([], [], marker="x", color="black", label="diverged run (at 0)")
     _finish(fig, full, path)
+
+
+def zoom_limits(records: list[dict], accuracy) -> tuple[float, float]:
+    """The zoomed panel's accuracy axis: from a point below the lowest converged run to 100%, or above 100% when a
+    cell's 95% interval reaches beyond it (one seed far below the others), so no interval is clipped."""
+    cells = {}
+    for r in records:
+        if not r["diverged"]:
+            cells.setdefault((r["scheme"], r["warmup"], r["depth"]), []).append(accuracy(r))
+    low = max(math.floor(min((v for c in cells.values() for v in c), default=0)) - 1, 0)
+    highest = max([100.0] + [sweep.summarise(c).ci_high for c in cells.values() if len(c) > 1])
+    return low, (100.0 if highest <= 100 else math.ceil(highest * 2) / 2 + 0.5)
 
 
 def _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged: bool) -> None:
@@ -158,7 +173,7 @@ def plot_scale_heatmap(runs: list[dict], depth: int, path: str, *, title: str) -
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (-1.0, 0.0)
     cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")
     n = max(len(runs), 1)
-    fig, axes = plt.subplots(1, n, figsize=(2.6 * n + 1.2, 4), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(2.6 * n + 1.2, 4.6), squeeze=False, layout="constrained")
     image = None
     for ax, r, values in zip(axes[0], runs, grids):
         steps = [e["step"] for e in r["evaluations"]]
@@ -171,33 +186,39 @@ def plot_scale_heatmap(runs: list[dict], depth: int, path: str, *, title: str) -
     axes[0][0].set_ylabel("row 2l: block l attn, 2l+1: block l mlp", fontsize=7)
     if image is not None:
         fig.colorbar(image, ax=list(axes[0]), label="log10 mean |scale| (grey: 0 or absent)")
-    fig.suptitle(wrap(title, 150), fontsize=7)
+    fig.suptitle(wrap(title, 170), fontsize=7)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def plot_ratio_init_end(runs: list[dict], depth: int, path: str, *, title: str) -> None:
     """‖scaled branch‖ / ‖stream‖ per layer at step 0 (dotted) and at the run's last evaluation (solid; its step in
-    the panel title), attention and MLP branches, one panel per run."""
+    the panel title), attention and MLP branches, one panel per run. A ratio of exactly 0 (a branch multiplier
+    initialised to 0: ReZero, SkipInit) has no place on the log axis; the panel says so instead of drawing it."""
     plt = sweep.pyplot()
     n = max(len(runs), 1)
-    fig, axes = plt.subplots(1, n, figsize=(2.8 * n, 3.6), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, n, figsize=(2.8 * n, 3.8), squeeze=False, sharey=True, layout="constrained")
     for ax, r in zip(axes[0], runs):
         end = r["evaluations"][-1]
+        zeros = []
         for evaluation, line, when in ((r["evaluations"][0], ":", "init"), (end, "-", "end")):
             rows = per_layer(evaluation, depth, "ratio")
             for b, (branch, shade) in enumerate((("attn", 1.0), ("mlp", 0.55))):
-                values = [max(row[b], 1e-12) if row[b] is not None else math.nan for row in rows]
+                values = [row[b] if row[b] is not None and row[b] > 0 else math.nan for row in rows]
+                if any(row[b] == 0 for row in rows):
+                    zeros.append(f"{branch} at {when}")
                 ax.plot(range(depth), values, linestyle=line, color=colour(r["scheme"]), alpha=shade,
                         label=f"{branch}, {when}")
+        if zeros:
+            ax.text(0.02, 0.02, "exactly 0, not drawn (log axis):\n" + ", ".join(zeros), fontsize=6,
+                    transform=ax.transAxes, va="bottom")
         ax.set_yscale("log")
         ax.set_title(f"{label(r['scheme'], r['warmup'])}, end = step {end['step']}"
                      + (" (diverged)" if r["diverged"] else ""), fontsize=7)
         ax.set_xlabel("block")
     axes[0][0].set_ylabel("‖scaled branch‖ / ‖stream‖")
     axes[0][-1].legend(fontsize=6)
-    fig.suptitle(wrap(title, 150), fontsize=7)
-    fig.tight_layout()
+    fig.suptitle(wrap(title, 170), fontsize=7)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -235,25 +256,32 @@ def plot_claims(results, path: str, *, title: str) -> None:
     column; a filled marker is significant after Holm's correction, an open one is not; a row without an accuracy
     test (fewer than two converged runs a side) gives its converged counts instead. Right of zero is the claimed
     direction; the right margin gives each comparison's outcome (accuracy and divergence tests together)."""
+    from scipy import stats
     plt = sweep.pyplot()
-    rows = [(r.claim.name, c) for r in results for c in r.comparisons]
-    fig, ax = plt.subplots(figsize=(8, 1.0 + 0.28 * max(len(rows), 1)))
-    for y, (name, c) in enumerate(rows):
+    rows = [(r.claim.name, c, sum(len(d.tests()) for d in r.comparisons)) for r in results for c in r.comparisons]
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.28 * max(len(rows), 1)))
+    for y, (name, c, tests) in enumerate(rows):
         scheme, acc = c.worse[0], c.accuracy
         ax.text(1.01, y, c.outcome, transform=ax.get_yaxis_transform(), va="center", fontsize=6)
         if acc is None:
             ax.text(0, y, f"  no accuracy test ({c.runs} converged)", va="center", fontsize=6)
             continue
         significant = c.accuracy_p_holm < 0.05
+        se = (acc.ci_high - acc.ci_low) / 2 / float(stats.t.ppf(0.975, acc.dof))
+        strict = float(stats.t.ppf(1 - 0.05 / 2 / tests, acc.dof)) * se     # the interval at Holm's α/m
+        ax.plot([acc.difference - strict, acc.difference + strict], [y, y], color=colour(scheme), alpha=0.3,
+                linewidth=5, solid_capstyle="butt")
         ax.errorbar([acc.difference], [y], xerr=[[acc.difference - acc.ci_low], [acc.ci_high - acc.difference]],
                     fmt="o", color=colour(scheme), markersize=4, capsize=2,
                     markerfacecolor=colour(scheme) if significant else "white")
     ax.axvline(0, color="black", linewidth=0.6)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{name}: {label(c.better[0], c.better[1])} @ {c.better[2]} vs "
-                        f"{label(c.worse[0], c.worse[1])} @ {c.worse[2]}" for name, c in rows], fontsize=6)
+                        f"{label(c.worse[0], c.worse[1])} @ {c.worse[2]}" for name, c, _ in rows], fontsize=6)
     ax.invert_yaxis()
-    ax.set_xlabel("difference of mean test accuracy, points (claimed better − worse), Welch 95% CI\n"
-                  "filled marker: Holm-corrected p < 0.05 (claims.md has every test)", fontsize=7)
+    ax.set_xlabel("difference of mean test accuracy, points (claimed better − worse); whiskers: Welch 95% CI "
+                  "(unadjusted);\nwide pale bar: the interval at Holm's strictest level α/m (m the claim's tests); "
+                  "filled marker: Holm-corrected p < 0.05\n(an open marker whose whiskers exclude 0 is significant "
+                  "only before the correction; claims.md has every test)", fontsize=6)
     ax.set_title(wrap(title, 90), fontsize=7)
     _finish(fig, ax, path, legend=False)

@@ -124,6 +124,8 @@ def write_report(out: str = OUT, command: str = "python experiments/rate_stabili
             f"**{v['decision']}** — {len(records)} of {len(specs())} runs finished. Diverged within {STOP_AFTER} "
             f"steps: without LayerNorm {v['free'][0]}/{v['free'][1]}, with it {v['kept'][0]}/{v['kept'][1]}; "
             f"one-sided Fisher's exact test p = {v['p']:.3g} (decision threshold {ALPHA:g}).\n\n"
+            f"![Step at which each run diverged, per depth and column; a run that did not diverge at the right "
+            f"edge](divergence.png)\n\n"
             f"Per depth and column (descriptive, untested):\n\n"
             + sweep.markdown_table(["depth", "column", "LayerNorm", "diverged/runs", "diverged at step"], cells)
             + f"\nEvery run (validation accuracy at its last step, {STOP_AFTER} unless it diverged):\n\n"
@@ -133,6 +135,45 @@ def write_report(out: str = OUT, command: str = "python experiments/rate_stabili
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(text)
     return text
+
+
+def write_figure(out: str = OUT) -> str:
+    """``divergence.png``: per depth a panel, per column a row, each seed's run a mark at the step it diverged
+    (``x``; log axis) or at the right edge when it did not (``o``, at step ``STOP_AFTER``); the decision in the
+    title."""
+    import depth_ablation_plots as plots
+    records = [r for r in sweep.load_records(out) if r["run_id"] in {s.run_id for s in specs()}]
+    v = verdict(records)
+    plt = sweep.pyplot()
+    columns = NORM_FREE + NORM_KEPT
+    fig, axes = plt.subplots(1, len(DEPTHS), figsize=(4.2 * len(DEPTHS), 3.4), sharey=True, squeeze=False,
+                             layout="constrained")
+    for ax, depth in zip(axes[0], DEPTHS):
+        for y, (scheme, warmup) in enumerate(columns):
+            for r in (r for r in records if (r["depth"], r["scheme"], r["warmup"]) == (depth, scheme, warmup)):
+                x = r["diverged_at_step"] if r["diverged"] else STOP_AFTER
+                ax.scatter([x], [y + (r["seed"] - 2) * 0.15], marker="x" if r["diverged"] else "o", s=28,
+                           color=plots.colour(scheme), facecolors=None if r["diverged"] else "none")
+                if not r["diverged"]:            # finite is not trained: its validation accuracy beside it
+                    ax.text(x * 1.08, y + (r["seed"] - 2) * 0.15, f"{100 * r['final_val_accuracy']:.0f}%",
+                            fontsize=5, va="center")
+        ax.axhline(len(NORM_FREE) - 0.5, color="black", linewidth=0.6)
+        ax.set_xscale("log")
+        ax.set_xlim(5, STOP_AFTER * 2.2)
+        ax.axvline(STOP_AFTER, color="black", linewidth=0.6, linestyle=":")
+        ax.set_title(f"depth {depth}", fontsize=8)
+        ax.set_xlabel(f"step (x: diverged; o: not by step {STOP_AFTER}, val. accuracy beside)", fontsize=7)
+    axes[0][0].set_yticks(range(len(columns)),
+                          [f"{da._label(s, w)} ({'no LN' if (s, w) in NORM_FREE else 'LN'})" for s, w in columns],
+                          fontsize=7)
+    axes[0][0].invert_yaxis()
+    fig.suptitle(f"Rate {RATE:g}, seeds {', '.join(map(str, SEEDS))} (one mark each, offset by seed): diverged "
+                 f"without LayerNorm {v['free'][0]}/{v['free'][1]}, with it {v['kept'][0]}/{v['kept'][1]}; "
+                 f"one-sided Fisher p = {v['p']:.2g} — {v['decision']}", fontsize=8)
+    path = os.path.join(out, "divergence.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def write_preregistration(out: str = OUT) -> str:
@@ -156,6 +197,7 @@ def main(argv=None) -> None:
         run(args.shard)
     if not args.shard:
         print(write_report())
+        write_figure()
 
 
 if __name__ == "__main__":

@@ -87,6 +87,19 @@ def test_accuracy_vs_depth_adds_a_zoomed_panel_only_when_every_converged_run_is_
     assert widths == {"trained": 11 * 120, "one_low": 7 * 120}          # figsize (inches) × dpi 120
 
 
+def test_the_zoomed_accuracy_axis_never_clips_a_confidence_interval():
+    import depth_ablation_plots as plots
+
+    def cell(values):
+        return [{"scheme": "scalar", "warmup": True, "depth": 96, "accuracy": a, "diverged": False} for a in values]
+    value = lambda r: r["accuracy"]  # noqa: E731
+    assert plots.zoom_limits(cell([97.0, 98.0, 97.5]), value) == (96, 100.0)
+    # scalar @ 96 (per-depth): 98.0, 90.1, 98.0, 97.2, 97.7 → mean 96.2, CI [92.0, 100.5]: the axis goes to 101
+    seeds = [98.0, 90.1, 98.0, 97.2, 97.7]
+    high = plots.sweep.summarise(seeds).ci_high
+    assert 100.4 < high < 100.6 and plots.zoom_limits(cell(seeds), value) == (89, 101.0)
+
+
 def test_each_record_holds_the_loss_curve_and_diagnostics_at_init_and_each_evaluation(sweep):
     out, _, _ = sweep
     record = {r["scheme"]: r for r in da.load_records(out)}["layerscale"]

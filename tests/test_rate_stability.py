@@ -111,6 +111,15 @@ def test_the_report_counts_every_cell_and_names_the_decision(tmp_path):
     assert text.count("| 3/3 | 100, 100, 100 |") == 8 and text.count("| 0/3 | — |") == 4
 
 
+def test_the_figure_draws_every_run_of_the_test(tmp_path):
+    os.makedirs(tmp_path / "runs")
+    for spec in rs.specs():
+        rs.sweep.write_json_atomically(rs.sweep.record_path(str(tmp_path), spec.run_id),
+                                       _record(spec, (spec.scheme, spec.warmup) in rs.NORM_FREE))
+    path = rs.write_figure(str(tmp_path))
+    assert path.endswith("divergence.png") and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_run_cut_after_n_steps_is_the_first_n_steps_of_the_whole_schedule():
     tiny = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=8, evals=2, log_every=2)
     spec = da.RunSpec(1, "layerscale", True, 0, 5e-3, "rates", 8)
