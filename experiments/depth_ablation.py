@@ -736,6 +736,8 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
         paths[f"{which}/comparisons"] = os.path.join(report_dir, "comparisons.md")
         vp.write_comparisons(records, paths[f"{which}/comparisons"], "LayerScale against each column, " + head,
                              layout(records), REFERENCE)
+        paths[f"{which}/nll"] = os.path.join(report_dir, "nll.md")
+        write_nll(records, paths[f"{which}/nll"], "Test NLL, " + head, layout(records), depths)
         paths[f"{which}/claims"] = os.path.join(report_dir, "claims.md")
         claims = cait_claims.write_claims(records, paths[f"{which}/claims"], "CaiT's claims, " + head,
                                           layout(records).value, depths)
@@ -748,6 +750,44 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
     if not paths:
         raise FileNotFoundError(f"no finished final runs under {os.path.join(out, 'runs')}")
     return paths
+
+
+def test_nll(record: dict) -> float:
+    """The run's final test negative log-likelihood (nats per image, hard labels: ``classifier_run``'s
+    ``test_loss`` at its last evaluation)."""
+    return record["evaluations"][-1]["test_loss"]
+
+
+def write_nll(records: list[dict], path: str, title: str, layout_: vp.Layout, depths: Sequence[int]) -> str:
+    """``nll.md``, a post-hoc continuous endpoint (chosen after the runs, so no claim rests on it): per cell the
+    mean [95% CI] of the final test NLL over converged runs, and at the grid's deep depths (``cait_claims``'
+    ``DEEP_DEPTHS``) LayerScale against every other column — difference of means (LayerScale − column: negative
+    is LayerScale better), Welch–Satterthwaite 95% CI, Welch p and Holm's correction over those comparisons."""
+    vp.require_reportable(records)
+    table = sweep.markdown_table([layout_.row_header] + [layout_.label(c) for c in layout_.columns], (
+        [row] + [vp.ci_cell(layout_.cell(records, row, c), test_nll, 3) for c in layout_.columns]
+        for row in layout_.rows(records)))
+    deep = sorted(depths)[-cait_claims.DEEP_DEPTHS:]
+    found = []
+    for depth in deep:
+        ref = [test_nll(r) for r in layout_.cell(records, depth, REFERENCE) if not r["diverged"]]
+        for column in layout_.columns:
+            other = [test_nll(r) for r in layout_.cell(records, depth, column) if not r["diverged"]]
+            if column != REFERENCE and len(ref) >= 2 and len(other) >= 2:
+                found.append((depth, column, cait_claims.welch_difference(ref, other)))
+    holm = cait_claims.holm([d.p for _, _, d in found])
+    rows = [[depth, layout_.label(column), f"{d.difference:+.3f} [{d.ci_low:+.3f}, {d.ci_high:+.3f}]",
+             f"{d.p:.3g}", f"{q:.3g}"] for (depth, column, d), q in zip(found, holm)]
+    text = (f"{title}\n\n**Post hoc** (chosen after the runs; no claim rests on it): the final test negative "
+            f"log-likelihood, nats per image on hard labels — a continuous endpoint that still moves where accuracy "
+            f"sits at the ceiling.\n\n" + table
+            + f"\nmean [95% CI] over the runs that did not diverge (Student's t).\n\nLayerScale against each "
+              f"column at depths {', '.join(map(str, deep))}: LayerScale − column (negative: LayerScale lower NLL), "
+              f"Welch–Satterthwaite 95% CI, Welch p, Holm over these {len(found)} comparisons.\n\n"
+            + sweep.markdown_table(["depth", "column", "difference (nats) [95% CI]", "p", "p (Holm)"], rows))
+    with open(path, "w") as f:
+        f.write(text)
+    return text
 
 
 def final_floor_and_images() -> tuple[float, int]:

@@ -218,8 +218,9 @@ class Layout:
         return sorted({self.row(r) for r in records})
 
 
-def ci_cell(records: list[dict], value: Callable[[dict], float]) -> str:
-    """``mean [low, high]`` of ``value`` over the converged runs, then ``k/n diverged`` when k > 0."""
+def ci_cell(records: list[dict], value: Callable[[dict], float], digits: int = 1) -> str:
+    """``mean [low, high]`` of ``value`` over the converged runs (``digits`` decimals), then ``k/n diverged`` when
+    k > 0."""
     converged = [value(r) for r in records if not r["diverged"]]
     diverged = sum(r["diverged"] for r in records)
     if not records:
@@ -227,7 +228,8 @@ def ci_cell(records: list[dict], value: Callable[[dict], float]) -> str:
     text = ""
     if converged:
         s = sweep.summarise(converged)
-        text = f"{s.mean:.1f} [{s.ci_low:.1f}, {s.ci_high:.1f}]" if s.n > 1 else f"{s.mean:.1f} (1 run)"
+        text = (f"{s.mean:.{digits}f} [{s.ci_low:.{digits}f}, {s.ci_high:.{digits}f}]" if s.n > 1
+                else f"{s.mean:.{digits}f} (1 run)")
     if diverged:
         text += ("; " if text else "") + f"{diverged}/{len(records)} diverged"
     return text

@@ -653,3 +653,19 @@ def test_the_rate_sweep_runs_round_after_round_until_bracketed_and_a_shard_stops
     rates = da.best_learning_rates(records, 285, columns, (12,), start=start)
     assert rates["per_depth"] == {("layerscale", True, 12): 2e-2, ("rezero", False, 12): 2e-2}
     assert all(rates["bracketed"].values())
+
+
+def test_the_post_hoc_nll_report_compares_layerscale_with_each_column_at_the_deep_depths_by_hand(tmp_path):
+    from scipy import stats
+
+    def run(scheme, depth, nll, seed):
+        return {"run_id": f"{scheme}{depth}{seed}", "protocol": "final", "eval_split": "test", "scheme": scheme,
+                "warmup": True, "depth": depth, "seed": seed, "diverged": False, "final_test_accuracy": 0.9,
+                "evaluations": [{"step": 0}, {"step": 10, "test_accuracy": 0.9, "test_loss": nll}]}
+    records = [run("layerscale", d, x, k) for d in (6, 48, 96) for k, x in enumerate((0.1, 0.2, 0.3))]
+    records += [run("none", d, x, k) for d in (6, 48, 96) for k, x in enumerate((0.3, 0.4, 0.5))]
+    text = da.write_nll(records, str(tmp_path / "nll.md"), "title", da.layout(records), (6, 48, 96))
+    # difference −0.2; each variance 0.01, se = √(2 · 0.01/3) = 0.08165, t = −2.449 with 4 df; Holm over 2 tests
+    p = 2 * stats.t.sf(0.2 / math.sqrt(2 * 0.01 / 3), 4)
+    assert "**Post hoc**" in text and "| 6 | 0.400 [" in text and "| 6 | " not in text.split("p (Holm)")[1]
+    assert "| 48 | none | -0.200 [" in text and f"| {p:.3g} | {min(1, 2 * p):.3g} |" in text
