@@ -1,4 +1,4 @@
-"""Every Python example of README.md and docs/*.md runs as written, in the order a reader meets it, on a fresh
+"""Every Python example of README.md, docs/*.md and the Python API's docstring runs as written, in the order a reader meets it, on a fresh
 clone: each page's blocks in one interpreter (a later block uses what an earlier one made), started in an empty
 directory holding only the clone's ``configs/`` (so ``runs/...`` workdirs are new, as on a fresh clone). Slow:
 the pages train the digits runs they show (python_api.md: depth 8 and depth 24, 300 steps each)."""
@@ -15,6 +15,10 @@ PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs")
 
 
 def python_blocks(page: str) -> list[str]:
+    if page.endswith(".py"):                 # a module docstring's example: its lines indented by four spaces
+        import ast
+        doc = ast.get_docstring(ast.parse((ROOT / page).read_text()))
+        return ["\n".join(line[4:] for line in doc.splitlines() if line.startswith("    "))]
     return re.findall(r"^```python\n(.*?)^```", (ROOT / page).read_text(), re.S | re.M)
 
 
@@ -24,7 +28,7 @@ def test_the_pages_with_python_examples_are_the_ones_this_test_runs():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", ["README.md", "docs/multihost.md", "docs/python_api.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/multihost.md", "docs/python_api.md", "layerscale_jax/api.py"])
 def test_the_python_examples_of_a_page_run_in_sequence_as_written(page, tmp_path):
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     program = "\n\n".join(python_blocks(page))

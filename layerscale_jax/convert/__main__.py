@@ -9,8 +9,12 @@ r"""Convert pretrained weights.
     python -m layerscale_jax.convert --source runs/digits --export-timm digits.safetensors [--step N] [--no-ema]
     python -m layerscale_jax.convert --source runs/finetuned --export-timm finetuned.safetensors
 
+Nothing is overwritten without ``--overwrite`` (an earlier ``--out`` conversion, an ``--export-timm`` file), and a
+training workdir is never written into; both outputs are checked before anything is read.
+
 A bad input (a missing or unreadable file, a file that is not what its name says, mismatched keys, an unknown
-model) is reported in one line, ``error: ...``, with exit status 2; ``--debug`` adds the traceback.
+model, an output that exists or cannot be written) is reported in one line, ``error: ...``, with exit status 2;
+``--debug`` adds the traceback.
 """
 from __future__ import annotations
 
