@@ -20,6 +20,11 @@ timed alternately (baseline, ours, baseline, ...: a change of load hits both), i
   handover      a batch of 64 from a grain worker process to the train loop, both sides in this process: the
                 baseline normalised it in the worker, grain copied the float32 batch into shared memory, the loop
                 copied it out; ours hands over uint8 and normalises it out of shared memory after the boundary
+  draft_half    where a bicubic crop's time goes: a full PIL decode of the JPEG ("baseline") against the decode at
+                half size in the DCT domain (`Image.draft`, libjpeg's scaled IDCT: the REFERENCE's reduced-size
+                decode, which `decode_random_resized_crop` uses for crops at least twice the output size)
+  bicubic_resize  the rest of it: PIL's antialiased bicubic resize of a 300 px box of the decoded image to 224
+                ("ours") against PIL's bilinear resize of the same box ("baseline")
   jitter        colour jitter 0.3 (random factors and order) on one 224 px PIL image
   three_augment 3-Augment (one of grayscale, solarize, blur) on one 224 px PIL image
 """
@@ -27,6 +32,7 @@ timed alternately (baseline, ours, baseline, ...: a change of load hits both), i
 import argparse
 import importlib.util
 import inspect
+import io
 import json
 import os
 import statistics
@@ -105,6 +111,16 @@ def stages(old, jpeg_shape):
         r = np.random.default_rng([0, 2, i])
         return mod.decode_random_resized_crop(pool[i % 16], 3, SIZE, SCALE, r, interpolation)
 
+    def decode(i, scale):
+        img = Image.open(io.BytesIO(pool[i % 16]))
+        if scale > 1:
+            img.draft("RGB", (img.size[0] // scale, img.size[1] // scale))
+        img.load()
+        return img
+
+    decoded = decode(0, 1)
+    box = (50, 40, 350, 340)
+
     bilinear = {"baseline": lambda i: crop_with(old, "bilinear", i),
                 "ours": lambda i: crop_with(transforms, "bilinear", i)}
     return {
@@ -113,6 +129,9 @@ def stages(old, jpeg_shape):
            if "interpolation" in inspect.signature(old.decode_random_resized_crop).parameters else {}),
         "bilinear_vs_bicubic": (1, {"baseline": lambda i: crop_with(transforms, "bicubic", i),
                                     "ours": lambda i: crop_with(transforms, "bilinear", i)}),
+        "draft_half": (1, {"baseline": lambda i: decode(i, 1), "ours": lambda i: decode(i, 2)}),
+        "bicubic_resize": (1, {"baseline": lambda i: decoded.resize((SIZE, SIZE), Image.BILINEAR, box=box),
+                               "ours": lambda i: decoded.resize((SIZE, SIZE), Image.BICUBIC, box=box)}),
         "hflip": (BATCH, {"baseline": lambda i: old.hflip(x, flip), "ours": flip_in_pil}),
         "hflip_numpy": (BATCH, {"baseline": lambda i: old.hflip(x, flip), "ours": lambda i: transforms.hflip(x, flip)}),
         "normalize": (BATCH, {"baseline": normalize_old, "ours": normalize_new}),
