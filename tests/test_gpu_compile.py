@@ -111,3 +111,58 @@ def test_auto_attention_is_cudnn_for_a_gpu_target_compiled_on_the_cpu_and_xla_gi
     assert CUDNN_FMHA in _attention_grad_hlo("auto", devices)       # resolved for the mesh's devices, not the CPU
     assert CUDNN_FMHA not in _attention_grad_hlo("xla", devices)
     assert CUDNN_FMHA not in _attention_grad_hlo("auto", devices, tokens=16, dtype=jnp.float32)   # fp32: no cuDNN
+
+
+def gpu_config(**mesh):
+    """The tiny synthetic run in bfloat16 with a head dimension of 8 (so ``auto`` attention is cuDNN's on a GPU),
+    scanned, without Mixup (its Beta sampler makes a larger program)."""
+    from test_train import tiny_config
+    config = tiny_config("scan_layers=True")
+    config.model.dtype = "bfloat16"
+    config.data.mixup_alpha = config.data.cutmix_alpha = 0.0
+    config.train.mesh.update(mesh)
+    return config
+
+
+@needs_cuda
+@pytest.mark.parametrize("target, chip", [("8xh100", "h100"), ("8xh200", "h200")])
+def test_compile_for_eight_gpus_reports_memory_against_jax_s_share_and_nccl_collectives(target, chip):
+    from layerscale_jax.train.compile_for import compile_for
+    report = compile_for(gpu_config(data=1, fsdp=-1), target, eval_step=chip == "h100")
+    assert report.fits and report.num_chips == 8 and report.mesh == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert report.hbm_per_chip == gpu_targets.usable_memory_bytes(chip) < gpu_targets.device_memory_bytes(chip)
+    assert "XLA_CLIENT_MEM_FRACTION" in report.format() and report.per_chip_batch == 2
+    # FSDP over NCCL: the weights are gathered and the gradients reduce-scattered
+    assert {"all-gather", "reduce-scatter"} <= set(report.collectives), report.collectives
+
+
+@needs_cuda
+def test_two_hosts_of_eight_h100s_split_data_across_hosts_and_fsdp_within():
+    from layerscale_jax.train.compile_for import compile_for
+    report = compile_for(gpu_config(data=1, fsdp=8, dcn_data=2), "2x8xh100", eval_step=False)
+    assert report.num_chips == 16 and report.mesh == {"data": 2, "fsdp": 8, "tensor": 1}
+    assert report.topology == "2 hosts × 8 GPUs" and report.per_chip_batch == 1
+    assert {"all-gather", "reduce-scatter"} <= set(report.collectives) and report.fits
+
+
+@needs_cuda
+def test_a_run_too_big_for_the_gpus_is_one_error_line_with_the_numbers():
+    """XLA's GPU compiler compiles a step of any size; the command compares its memory with what JAX may use: here
+    about 67 GiB per GPU (41 GiB at 16,384 per GPU, measured), more than JAX's 59.3 GiB though less than 79.1."""
+    import subprocess
+    import sys
+    from test_compile_for import ROOT, TINY
+    env = {**__import__("os").environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "layerscale_jax.train", "--config", f"{TINY}:scan_layers=True", "--compile_for",
+         "8xh100", "--config.model.dtype=bfloat16", "--config.model.img_size=32", "--config.data.image_size=32",
+         "--config.model.embed_dim=256", "--config.model.num_heads=4", "--config.train.batch_size=212992",
+         "--config.data.mixup_alpha=0", "--config.data.cutmix_alpha=0"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: deit3_small_patch16_224 (global batch 212992) does not fit 8xh100: it needs ")
+    assert "but a NVIDIA H100 SXM chip has 59.33 GiB (JAX's 0.75 of the 79.11 GiB a GPU has" in line
+    needed = float(line.split("it needs ")[1].split(" GiB")[0])
+    assert 59.33 < needed < 79.11

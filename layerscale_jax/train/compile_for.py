@@ -77,6 +77,7 @@ class CompileReport:
     compile_seconds: dict[str, float]
     peak_flop_per_s: float
     hbm_bytes_per_s: float
+    memory_note: str = ""               # where hbm_per_chip comes from when it is not the chip's HBM (GPUs)
 
     @property
     def peak_bytes(self) -> int:
@@ -134,7 +135,8 @@ class CompileReport:
             *(f"  {name:20s}{gib(m.arguments):>11s}{gib(m.outputs):>11s}{gib(m.aliased):>11s}"
               f"{gib(m.temporaries):>13s}{gib(m.total):>11s}"
               for name, m in (("train step", t), ("eval step", e)) if m is not None),
-            f"  HBM {gib(self.hbm_per_chip)} per chip: peak {gib(self.peak_bytes)}, headroom {gib(self.headroom)} "
+            f"  HBM {gib(self.hbm_per_chip)} per chip{f' ({self.memory_note})' if self.memory_note else ''}: "
+            f"peak {gib(self.peak_bytes)}, headroom {gib(self.headroom)} "
             f"({'fits' if self.fits else 'DOES NOT FIT'})",
             f"FLOPs/step  {self.flops_per_step:.3e} (analytic model FLOPs)",
             "collectives " + ("; ".join(f"{k} ×{v['count']} {v['bytes'] / 2 ** 20:,.1f} MiB"
@@ -209,7 +211,8 @@ def does_not_fit(config, target, needed: float, available: float, what: str) -> 
     """The one line for a run that does not fit: needed vs HBM per chip, and what would fit."""
     mesh_batch = config.train.batch_size
     return (f"{config.model.name} (global batch {mesh_batch}) does not fit {target.name}: it needs "
-            f"{needed / GiB:.2f} GiB per chip ({what}) but a {target.chip.name} chip has {available / GiB:.2f} GiB; "
+            f"{needed / GiB:.2f} GiB per chip ({what}) but a {target.chip.name} chip has {available / GiB:.2f} GiB"
+            f"{f' ({target.memory_note})' if target.memory_note else ''}; "
             f"a smaller per-chip batch (--config.optim.accum_steps=2, 4, ... keeps the global batch), "
             f"--config.model.remat=full or more fsdp would; rerun with --fit to find the first that does")
 
@@ -273,7 +276,7 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
         num_chips=parsed.num_chips, mesh={k: int(v) for k, v in mesh.shape.items()},
         model=describe_model(config, steps.trainer),
         global_batch=tc.batch_size, per_chip_batch=tc.batch_size // batch_devices,
-        accum_steps=config.optim.accum_steps, hbm_per_chip=parsed.chip.hbm_bytes,
+        accum_steps=config.optim.accum_steps, hbm_per_chip=parsed.memory_per_chip, memory_note=parsed.memory_note,
         train_memory=StepMemory.of(compiled["train"]),
         eval_memory=StepMemory.of(compiled["eval"]) if eval_step else None,
         flops_per_step=analytic_flops(config),

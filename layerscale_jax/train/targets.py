@@ -112,9 +112,27 @@ class Target:
         """JAX's topology name, e.g. ``v5e:16x16``."""
         return f"{_TOPOLOGY_PREFIX[self.chip_key]}:{'x'.join(map(str, self.shape))}"
 
+    @property
+    def memory_per_chip(self) -> int:
+        """Bytes a program may use on one chip: a TPU chip's HBM; on a GPU, the share of its memory JAX lets XLA use
+        (``gpu_targets.usable_memory_bytes``: 0.75 of what XLA's target description gives, by default)."""
+        if self.chip.platform == "cuda":
+            from layerscale_jax.train import gpu_targets
+            return gpu_targets.usable_memory_bytes(self.chip_key)
+        return self.chip.hbm_bytes
+
+    @property
+    def memory_note(self) -> str:
+        """Where ``memory_per_chip`` comes from, where it is not simply the chip's HBM."""
+        if self.chip.platform != "cuda":
+            return ""
+        from layerscale_jax.train import gpu_targets
+        device = gpu_targets.device_memory_bytes(self.chip_key) / GiB
+        return f"JAX's {gpu_targets.memory_fraction():.2f} of the {device:.2f} GiB a GPU has: XLA_CLIENT_MEM_FRACTION"
+
     def describe(self) -> str:
         if self.chip.platform != "tpu":
-            return f"{self.num_hosts} host(s) × {self.shape[0]} {self.chip.name}"
+            return f"{self.num_hosts} host{'s' if self.num_hosts > 1 else ''} × {self.shape[0]} GPUs"
         slices = f"{self.num_slices} slices × " if self.num_slices > 1 else ""
         hosts = f"{self.hosts_per_slice} host{'s' if self.hosts_per_slice > 1 else ''}"
         return (f"{slices}{self.chip.name} {'×'.join(map(str, self.shape))} ({self.num_chips // self.num_slices} "
