@@ -95,6 +95,7 @@ def _attention_grad_hlo(attention_impl: str, devices, tokens: int = 197, dtype=j
     return jax.jit(grad, out_shardings=replicated).lower(abstract, x).compile().as_text()
 
 
+@pytest.mark.slow
 @needs_cuda
 def test_cudnn_attention_compiles_for_an_h100_forward_and_backward_with_odd_token_counts():
     """197 tokens (DeiT-B/16): cuDNN trains only even lengths, so the tokens are padded to 198 with the padded keys
@@ -105,6 +106,7 @@ def test_cudnn_attention_compiles_for_an_h100_forward_and_backward_with_odd_toke
     assert "bf16[8,198,12,64]" in hlo                               # the padded token axis
 
 
+@pytest.mark.slow
 @needs_cuda
 def test_auto_attention_is_cudnn_for_a_gpu_target_compiled_on_the_cpu_and_xla_gives_none():
     devices = gpu_targets.gpu_devices("h200", 1, 2)
@@ -124,18 +126,30 @@ def gpu_config(**mesh):
     return config
 
 
+@pytest.mark.slow
 @needs_cuda
-@pytest.mark.parametrize("target, chip", [("8xh100", "h100"), ("8xh200", "h200")])
-def test_compile_for_eight_gpus_reports_memory_against_jax_s_share_and_nccl_collectives(target, chip):
+def test_compile_for_eight_h100s_reports_memory_against_jax_s_share_and_nccl_collectives():
     from layerscale_jax.train.compile_for import compile_for
-    report = compile_for(gpu_config(data=1, fsdp=-1), target, eval_step=chip == "h100")
+    report = compile_for(gpu_config(data=1, fsdp=-1), "8xh100")
     assert report.fits and report.num_chips == 8 and report.mesh == {"data": 1, "fsdp": 8, "tensor": 1}
-    assert report.hbm_per_chip == gpu_targets.usable_memory_bytes(chip) < gpu_targets.device_memory_bytes(chip)
+    assert report.hbm_per_chip == gpu_targets.usable_memory_bytes("h100") < gpu_targets.device_memory_bytes("h100")
     assert "XLA_CLIENT_MEM_FRACTION" in report.format() and report.per_chip_batch == 2
-    # FSDP over NCCL: the weights are gathered and the gradients reduce-scattered
-    assert {"all-gather", "reduce-scatter"} <= set(report.collectives), report.collectives
+    assert {"all-gather", "reduce-scatter"} <= set(report.collectives), report.collectives   # FSDP over NCCL
 
 
+@pytest.mark.slow
+@needs_cuda
+def test_the_train_step_for_eight_h200s_runs_cudnn_attention_and_fsdp_collectives():
+    from layerscale_jax.train import sharding as shard_lib
+    from layerscale_jax.train.compile_for import StepMemory, compile_steps
+    steps = compile_steps(gpu_config(data=1, fsdp=-1), "8xh200", eval_step=False)
+    hlo = steps.compiled["train"].as_text()
+    assert hlo.count(CUDNN_FMHA + 'Softmax"') == 1 and hlo.count(CUDNN_FMHA + 'SoftmaxBackward"') == 1   # scanned
+    assert {"all-gather", "reduce-scatter"} <= set(shard_lib.collectives_by_kind(shard_lib.collectives(hlo)))
+    assert 0 < StepMemory.of(steps.compiled["train"]).total < gpu_targets.usable_memory_bytes("h200")
+
+
+@pytest.mark.slow
 @needs_cuda
 def test_two_hosts_of_eight_h100s_split_data_across_hosts_and_fsdp_within():
     from layerscale_jax.train.compile_for import compile_for
@@ -145,6 +159,7 @@ def test_two_hosts_of_eight_h100s_split_data_across_hosts_and_fsdp_within():
     assert {"all-gather", "reduce-scatter"} <= set(report.collectives) and report.fits
 
 
+@pytest.mark.slow
 @needs_cuda
 def test_a_run_too_big_for_the_gpus_is_one_error_line_with_the_numbers():
     """XLA's GPU compiler compiles a step of any size; the command compares its memory with what JAX may use: here
