@@ -22,6 +22,7 @@ INSTALL_REQUIRES = [
     "tensorflow-cpu==2.21.0",
     "importlib_resources>=6.0",
     "scikit-learn>=1.4",
+    "scipy>=1.11",                  # experiments/: Welch's test and intervals, Fisher's exact test, t quantiles
     "Pillow>=10.0",
 ]
 
