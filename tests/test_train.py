@@ -2,10 +2,10 @@
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -182,16 +182,14 @@ def test_sigterm_then_resume_gives_identical_losses_and_parameters(reference_run
     workdir = str(tmp_path / "interrupted")
     proc = subprocess.Popen(cli(workdir, "--config.train.checkpoint_every=0"), env=subprocess_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    metrics_path = os.path.join(workdir, "metrics.jsonl")
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if os.path.exists(metrics_path) and sum(1 for _ in open(metrics_path)) >= 3:
+    seen = []                      # metrics.jsonl is flushed every 10 s and at checkpoints: watch the progress lines
+    for line in proc.stdout:
+        seen.append(line)
+        if (shown := re.search(r"\] (\d+)/", line)) and int(shown.group(1)) >= 3:
             break
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
+    output = "".join(seen) + output
     assert proc.returncode == 0, output
     interrupted_at = max(train_losses(workdir))
     assert interrupted_at < STEPS, "the run finished before it could be interrupted"

@@ -1,9 +1,9 @@
 """Metrics: ``WORKDIR/metrics.jsonl`` (one JSON object per logged step), TensorBoard event files, console lines.
 
-Records and events are buffered in memory and flushed by a background thread every ``FLUSH_SECS`` (and on demand:
-before every checkpoint, so a resumed run finds every record up to its step, and when the run ends, a stop on
-SIGTERM included), so the loop thread never waits for storage between checkpoints. On a local disk a flush appends
-the new lines; on an object store (``gs://``), where an object cannot be appended to, it writes the whole log as one
+Records and events are buffered in memory and written by a background thread (and on demand: before every
+checkpoint, so a resumed run finds every record up to its step, and when the run ends, a stop on SIGTERM included),
+so the loop thread never waits for storage between checkpoints. On a local disk the thread appends the new lines as
+they come; on an object store (``gs://``), where an object cannot be appended to, it writes the whole log as one
 object (kept in memory), at most every ``FLUSH_SECS``: GCS accepts about one write per second to an object.
 """
 from __future__ import annotations
@@ -84,6 +84,7 @@ class MetricsWriter:
             record_writer.directory_check(str(self.tb_dir))
             self.tb = EventsWriter(str(self.tb_dir / "events"))
             self._whole_object = is_url(self.jsonl_path)
+            self._flush_every = FLUSH_SECS if self._whole_object else 0.0
             self._logged = self.jsonl_path.read_text() if self._whole_object and self.jsonl_path.exists() else ""
             self._pending: list[str] = []          # records not yet flushed
             self._pending_events: list = []        # their TensorBoard events
@@ -94,8 +95,8 @@ class MetricsWriter:
             self._last_step = None
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
-        """Buffer the record of ``step`` and its TensorBoard events; start a background flush every
-        ``FLUSH_SECS``. A failed flush raises here (or in ``flush``), naming the newest step."""
+        """Buffer the record of ``step`` and its TensorBoard events; start a background flush (on a bucket at most
+        every ``FLUSH_SECS``). A failed flush raises here (or in ``flush``), naming the newest step."""
         if not self.enabled:
             return
         from tensorboardX.proto.event_pb2 import Event
@@ -109,7 +110,7 @@ class MetricsWriter:
             self._last_step = int(step)
             self._pending.append(json.dumps(record) + "\n")
             self._pending_events += events
-        if time.time() - self._flushed > FLUSH_SECS and self._in_flight is None:
+        if time.time() - self._flushed >= self._flush_every and self._in_flight is None:
             self._flushed = time.time()
             self._in_flight = self._flusher.submit(self._flush_now)
 
