@@ -31,8 +31,10 @@ from __future__ import annotations
 import ctypes.util
 import os
 import platform
+import re
 import signal
 import sys
+import time
 
 MALLOC_VARIABLE = "LAYERSCALE_JAX_MALLOC"
 MALLOC_CHOICES = ("auto", "hugepages", "system")
@@ -130,6 +132,7 @@ class StopSignals:
 
     def __init__(self):
         self.received: str | None = None          # the name of the first stop signal, once one came
+        self.received_at: float | None = None     # when it came (seconds since the epoch)
         self._previous: dict = {}                 # the handlers ours replaced
         self._installs: list[bool] = []           # per ``with``: whether it installed the handlers
         self._passed_to_jax = False
@@ -147,7 +150,7 @@ class StopSignals:
         except ValueError:                        # not the main thread (e.g. a notebook's worker thread)
             self.uninstall()
             return False
-        self.received = None
+        self.received = self.received_at = None
         self._interrupted = False
         return True
 
@@ -170,7 +173,7 @@ class StopSignals:
             self._interrupted = True
             raise KeyboardInterrupt
         if self.received is None:
-            self.received = name
+            self.received, self.received_at = name, time.time()
             os.write(2, f"received {name}: the job stops before the next step every process agrees on, with a "
                         "checkpoint if there is new state (a second Ctrl-C stops at once, without one)\n".encode())
         # Not passed on to JAX from here: this may run inside jax.distributed.initialize, before JAX's notifier owns
@@ -198,6 +201,30 @@ class StopSignals:
             return bool(np.any(multihost_utils.process_allgather(np.array([self.received is not None]))))
         return self.received is not None
 
+    def requested_anywhere(self) -> bool:
+        """Whether a stop signal has reached any process of the job by now: the same answer on every process (with
+        several, a collective: every process calls it at the same point). Asked where the job has been busy for a
+        while without stepping (after the first compile, after an evaluation), so that a notice that came meanwhile
+        takes effect at once rather than a step or two later, when JAX's sync protocol has run."""
+        if not _distributed():
+            return self.received is not None
+        import numpy as np
+        from jax.experimental import multihost_utils
+        here = self.received is not None or _jax_preemption_notice() is not None
+        return bool(np.any(multihost_utils.process_allgather(np.array([here]))))
+
+    def notice_time(self) -> float | None:
+        """When the first stop signal of the job came (seconds since the epoch), as far as this process knows: its
+        own, or the one JAX's preemption notifier recorded for the job (any process's SIGTERM)."""
+        times = [t for t in (self.received_at, _parse_rfc3339(_jax_preemption_notice())) if t is not None]
+        return min(times, default=None)
+
+    @property
+    def exit_status(self) -> int:
+        """The exit status of a job stopped by a signal: 130 after Ctrl-C at this process (as a shell reports it),
+        143 (128 + SIGTERM) for a preemption notice here or at another process: "preempted, rerun to resume"."""
+        return 128 + (signal.SIGINT if self.received == "SIGINT" else signal.SIGTERM)
+
     def stopped_before(self, first_step: int) -> bool:
         """Whether every process stops before ``first_step``, the job's first step after restoring or creating
         its state: a stop signal during start-up or restore. With JAX's sync point, asks about steps 1, 2, ...,
@@ -210,6 +237,36 @@ class StopSignals:
 def _distributed() -> bool:
     jax = sys.modules.get("jax")
     return jax is not None and jax.distributed.is_initialized()
+
+
+_NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"   # where JAX's preemption notifier records a notice (its death time)
+
+
+def _jax_preemption_notice() -> str | None:
+    """The time of a SIGTERM that JAX's preemption notifier got at any process (RFC 3339), from the coordination
+    service's key-value store (xla/tsl preemption_sync_manager.cc), or None."""
+    if not _jax_sync_point_available():
+        return None
+    from jax._src import distributed
+    try:
+        return distributed.global_state.client.key_value_try_get(_NOTICE_KEY)
+    except Exception:                              # noqa: BLE001 - NOT_FOUND: no notice yet
+        return None
+
+
+def _parse_rfc3339(text: str | None) -> float | None:
+    if not text:
+        return None
+    import datetime
+    match = re.fullmatch(r"(.*T\d\d:\d\d:\d\d)(\.\d+)?(.*)", text.strip())
+    if match is None:
+        return None
+    fraction = (match.group(2) or ".0")[:7]                                  # microseconds at most
+    zone = match.group(3).replace("Z", "+00:00") or "+00:00"
+    try:
+        return datetime.datetime.fromisoformat(match.group(1) + fraction + zone).timestamp()
+    except ValueError:
+        return None
 
 
 def _jax_sync_point_available() -> bool:

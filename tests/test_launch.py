@@ -193,3 +193,4 @@ def test_a_two_process_cpu_job_starts_as_the_recipe_writes_it(tmp_path, layout):
     line = f"accelerator: cpu (cpu), {devices} device(s) in this process, {2 * devices} in the job's 2 processes"
     assert line in outputs[0] and "accelerator:" not in outputs[1]
     assert f"{2 * devices} devices, 2 processes" in outputs[0]
+    assert "] 3/3 | train_loss" in outputs[0] and "train_loss" not in outputs[1]     # progress: process 0 only

@@ -7,11 +7,15 @@ stopped between two logging steps logs the same records as an uninterrupted run.
 before each compilation, and the first compilation after the state's ``init_fn`` is the train step's.
 """
 import contextlib
+import copy
+import dataclasses
 import gc
 import os
 import re
 import signal
 import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -92,12 +96,16 @@ def test_sigterm_to_one_process_during_compile_stops_both_at_one_step_and_the_re
         outputs[1].wait_for_train_step_compile()
         outputs[1].proc.send_signal(signal.SIGTERM)       # the non-primary process only, before its first step
         texts = [out.finish() for out in outputs]
-    # Both ended by the stop, at one step: exit 0 (a process that waited for a lost peer would fail when the
-    # runtime's wait timed out) and one stop line each at the same step (one that trained on would stop later).
-    assert [out.proc.returncode for out in outputs] == [0, 0], "\n\n".join(texts)
+    # Both ended by the stop, at one point: exit 143 (a process that waited for a lost peer would fail when the
+    # runtime's wait timed out) and one stop line each at the same point (one that trained on would stop later).
+    assert [out.proc.returncode for out in outputs] == [143, 143], "\n\n".join(texts)
+    assert len({text.splitlines()[-1] for text in texts}) == 1, texts    # both at the same point
+    if texts[0].splitlines()[-1] == "stopped before step 1: nothing new to save":
+        assert saved_steps(workdir) == []                 # the notice reached both while the step compiled
+        return
     (stop,), (other,) = stopped_steps(texts[0]), stopped_steps(texts[1])
     assert stop == other >= 1, texts
-    assert sorted(d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()) == [str(stop)]
+    assert saved_steps(workdir) == [stop]
     assert not os.path.exists(os.path.join(workdir, "lock.json"))
     # The rerun (one process holding the 4 devices) against an uninterrupted run of the same config.
     loop_lib.train_and_evaluate(config(mesh=ONE_PROCESS, **train, stop_after_steps=2), workdir,
@@ -139,9 +147,9 @@ def test_sigterm_before_the_distributed_connect_stops_both_processes_at_one_poin
         finally:
             procs[0].send_signal(signal.SIGCONT)
         texts = [out.finish() for out in outputs]
-    # Both ended by the stop, not by jax.distributed's connect timeout (which fails the process): exit 0, the stop's
-    # line last.
-    assert [p.returncode for p in procs] == [0, 0], "\n\n".join(texts)
+    # Both ended by the stop, not by jax.distributed's connect timeout (which fails the process): exit 143, the
+    # stop's line last.
+    assert [p.returncode for p in procs] == [143, 143], "\n\n".join(texts)
     last_lines = {text.splitlines()[-1] for text in texts}
     assert all(re.fullmatch(r"stopped (before step 3: nothing new to save|at step \d+; checkpoint saved in .*)", line)
                for line in last_lines), texts
@@ -168,12 +176,17 @@ def _signal_during_compile(workdir, *signals):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
-def test_a_stop_signal_during_compile_stops_at_a_step_with_a_checkpoint_in_one_line(tmp_path, signum):
+def test_a_stop_signal_during_compile_stops_in_one_line_with_the_exit_status_of_the_signal(tmp_path, signum):
+    """Before step 1 when the signal came during the compile (nothing to save), or at the step it came during (the
+    compile was loaded from the cache before the signal arrived), with a checkpoint of that step; exit 130 for
+    Ctrl-C, 143 for SIGTERM: "preempted, rerun to resume"."""
     workdir = str(tmp_path / "stopped")
     text, status = _signal_during_compile(workdir, signum)
-    assert status == 0, text
+    assert status == 128 + signum, text
     assert "Traceback" not in text
-    assert re.fullmatch(rf"stopped at step \d+; checkpoint saved in {workdir}/checkpoints", text.splitlines()[-1])
+    last = text.splitlines()[-1]
+    assert (last == "stopped before step 1: nothing new to save"
+            or re.fullmatch(rf"stopped at step \d+; checkpoint saved in {workdir}/checkpoints", last)), text
     assert not os.path.exists(os.path.join(workdir, "lock.json"))
 
 
@@ -263,3 +276,144 @@ def test_the_process_leaves_at_once_without_the_noise_of_cut_off_save_threads(wh
     assert done.stderr.strip().splitlines() == ([] if when == "after a second Ctrl-C" else [
         "interrupted by a second Ctrl-C: stopped at once, without saving; rerun the command to resume from the last "
         "checkpoint"])
+
+
+# -- within a grace period: no step after a compile or an evaluation, no save that cannot end in time --------------
+
+class SignalDuring:
+    """A jitted train step that raises SIGTERM in this process while it is compiled (``lower``: the loop compiles
+    the step before its first run), or while running the step numbered ``at_call``."""
+
+    def __init__(self, jitted, at_call=None):
+        self.jitted, self.at_call, self.calls = jitted, at_call, 0
+
+    def lower(self, *args):
+        lowered = self.jitted.lower(*args)
+        if self.at_call is None:
+            signal.raise_signal(signal.SIGTERM)
+        return lowered
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.calls == self.at_call:
+            signal.raise_signal(signal.SIGTERM)
+        return self.jitted(*args)
+
+
+def signal_in_train_step(monkeypatch, at_call=None):
+    real = loop_lib.create_trainer
+    monkeypatch.setattr(loop_lib, "create_trainer", lambda config, mesh: dataclasses.replace(
+        real(config, mesh), train_step=SignalDuring(real(config, mesh).train_step, at_call)))
+
+
+def saved_steps(workdir):
+    return sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
+
+
+def test_a_notice_during_the_first_compile_stops_before_the_first_step_without_saving(tmp_path, monkeypatch, capsys):
+    workdir = str(tmp_path / "fresh")
+    signal_in_train_step(monkeypatch)
+    assert loop_lib.train_and_evaluate(tiny_config("steps=6"), workdir) == {"preempted_at_step": 0}
+    assert capsys.readouterr().out.splitlines()[-1] == "stopped before step 1: nothing new to save"
+    assert saved_steps(workdir) == [] and not os.path.exists(os.path.join(workdir, "metrics.jsonl"))
+
+
+def test_a_notice_during_the_first_compile_after_a_resume_exits_without_a_new_checkpoint(tmp_path, monkeypatch):
+    """Issue 36: it used to train one more step and save a checkpoint for one step of progress."""
+    workdir = str(tmp_path / "resumed")
+    cfg = tiny_config("steps=6")
+    loop_lib.train_and_evaluate(override(cfg, stop_after_steps=2), workdir)
+    logged = read_metrics(workdir)
+    signal_in_train_step(monkeypatch)
+    assert loop_lib.train_and_evaluate(cfg, workdir) == {"preempted_at_step": 2}
+    assert saved_steps(workdir) == [2] and read_metrics(workdir) == logged
+
+
+def test_a_notice_during_an_evaluation_stops_right_after_it_in_every_process(tmp_path):
+    """The check after an evaluation asks every process, through the coordination service, whether any got a
+    notice (JAX's notifier records it there): here one process of a distributed job, the notice raised by
+    SIGTERM to JAX's own handler, as a scheduler sends it."""
+    script = textwrap.dedent("""
+        import signal, socket, sys, time
+        import jax
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            port = s.getsockname()[1]
+        jax.distributed.initialize(f"localhost:{port}", 1, 0)
+        from layerscale_jax.runtime import StopSignals
+        stops = StopSignals()
+        with stops:
+            assert not stops.requested_anywhere() and stops.notice_time() is None
+            sent = time.time()
+            signal.raise_signal(signal.SIGTERM)              # JAX's preemption notifier owns SIGTERM here
+            while not stops.requested_anywhere():            # its notifier polls about once a second
+                time.sleep(0.05)
+            print("agreed", stops.notice_time() - sent, stops.exit_status)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env=subprocess_env(2), capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, lag, status = proc.stdout.split()
+    assert 0 <= float(lag) < 5 and status == "143"          # the notice's own time: when the signal came
+
+
+@pytest.mark.parametrize("deadline, saved", [(1e-6, [2]), (0.0, [2, 3])], ids=["deadline_too_short", "no_deadline"])
+def test_a_save_that_cannot_end_before_the_deadline_is_skipped_keeping_the_last_checkpoint(
+        tmp_path, monkeypatch, capsys, deadline, saved):
+    """train.stop_deadline_seconds against the save measured at step 2: a notice during step 3 with no time left
+    stops without saving step 3 (the sealed step 2 stays); with no deadline step 3 is saved."""
+    workdir = str(tmp_path / "deadline")
+    signal_in_train_step(monkeypatch, at_call=3)
+    cfg = override(tiny_config("steps=6"), stop_deadline_seconds=deadline, checkpoint_every=2)
+    assert loop_lib.train_and_evaluate(cfg, workdir) == {"preempted_at_step": 3}
+    assert saved_steps(workdir) == saved
+    last = capsys.readouterr().out.splitlines()[-1]
+    if deadline:
+        assert re.fullmatch(r"stopped at step 3 without saving it \(a save takes about \d+\.\d s and 0\.0 s of "
+                            rf"train.stop_deadline_seconds=1e-06 are left\); the last checkpoint is step 2 in "
+                            rf"{workdir}/checkpoints", last), last
+    # the rerun resumes from what stayed
+    monkeypatch.undo()
+    resumed = loop_lib.train_and_evaluate(override(cfg, stop_after_steps=1), workdir)
+    assert resumed == {"preempted_at_step": saved[-1] + 1}
+
+
+def test_a_save_is_made_when_no_save_was_measured_yet(tmp_path, monkeypatch):
+    workdir = str(tmp_path / "unmeasured")
+    signal_in_train_step(monkeypatch, at_call=3)
+    cfg = override(tiny_config("steps=6"), stop_deadline_seconds=1e-6, checkpoint_every=0)
+    assert loop_lib.train_and_evaluate(cfg, workdir) == {"preempted_at_step": 3}
+    assert saved_steps(workdir) == [3]
+
+
+@pytest.mark.parametrize("value", [-1.0, float("inf"), float("nan"), "30"])
+def test_a_bad_stop_deadline_is_refused_naming_the_field(value):
+    from layerscale_jax.train.config import validate_train_config
+    cfg = tiny_config()
+    with cfg.train.ignore_type():
+        cfg.train.stop_deadline_seconds = value
+    with pytest.raises(ValueError, match="train.stop_deadline_seconds="):
+        validate_train_config(cfg.train)
+
+
+def override(cfg, **train):
+    cfg = copy.deepcopy(cfg)
+    cfg.train.update(train)
+    return cfg
+
+
+def test_orbax_never_asks_the_preemption_sync_point(tmp_path, monkeypatch):
+    """The loop is the sync point's only caller (runtime.StopSignals): orbax's checkpoint manager would ask about
+    each step it saves, from its own threads too (train.checkpoint turns that off)."""
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    from layerscale_jax.train.checkpoint import Checkpointer
+    asked = []
+    monkeypatch.setattr(multihost_utils, "reached_preemption_sync_point", lambda step: asked.append(step) or False)
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2)
+    for step in (1, 2):
+        checkpointer.save(step, {"params": {"w": jnp.full(3, step, jnp.float32)}}, {"position": step}, {"a": 1},
+                          force=True)
+    checkpointer.close()
+    assert asked == [] and checkpointer.latest_step() == 2

@@ -190,7 +190,7 @@ def test_sigterm_then_resume_gives_identical_losses_and_parameters(reference_run
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
     output = "".join(seen) + output
-    assert proc.returncode == 0, output
+    assert proc.returncode == 143, output                # stopped by a preemption notice: rerun to resume
     interrupted_at = max(train_losses(workdir))
     assert interrupted_at < STEPS, "the run finished before it could be interrupted"
     assert "stopped at step" in output

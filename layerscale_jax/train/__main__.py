@@ -13,7 +13,9 @@ starts: an unknown field names the closest valid ones, a bad value names the fie
 
 A preemption notice (SIGTERM) or Ctrl-C, from the first second on, stops every process of the job before the same
 step, with a checkpoint when there is new state (``layerscale_jax.runtime.StopSignals``; docs/multihost.md,
-"Preemption"); the rerun resumes from it. A second Ctrl-C stops at once, without saving (exit status 130).
+"Preemption"); the rerun resumes from it. Exit status: 0 when the run finished (or ``train.stop_after_steps`` ended
+it), 143 when a preemption notice stopped it and 130 when Ctrl-C did (rerun to resume), 2 for a user error. A
+second Ctrl-C stops at once, without saving (exit status 130).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ CONFIG_FLAG = "config"
 EXIT_INTERRUPTED = 130                        # 128 + SIGINT, as a shell reports a Ctrl-C
 INTERRUPTED_MESSAGE = ("interrupted by a second Ctrl-C: stopped at once, without saving; rerun the command to resume "
                        "from the last checkpoint")
+EXIT_PREEMPTED = 143                          # 128 + SIGTERM: stopped by a preemption notice, rerun to resume
 _HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 
 
@@ -219,42 +222,53 @@ def main(argv: list[str]) -> int:
     from layerscale_jax.train.loop import train_and_evaluate
 
     # workdir, save and checkpoint problems raise UserErrors
-    train_and_evaluate(config, parsed.workdir, restart=parsed.restart)
+    results = train_and_evaluate(config, parsed.workdir, restart=parsed.restart)
+    signalled = stop_signals.received is not None or stop_signals.notice_time() is not None
+    if "preempted_at_step" in results and (signalled or not config.train.stop_after_steps):
+        return stop_signals.exit_status       # 143 (a preemption notice) or 130 (Ctrl-C): unfinished, rerun it
     return 0
 
 
 def run_job(argv: list[str] | None = None) -> int:
     """``run_cli(main)``, with the stop signals handled; a failed process of a multi-process job leaves with
     ``os._exit`` (see the docstring)."""
+    abrupt = False
     try:
         with stop_signals:
             status = run_cli(main, argv)
     except KeyboardInterrupt:                 # a second Ctrl-C: the workdir's lock is released on the way out
         print(INTERRUPTED_MESSAGE, file=sys.stderr, flush=True)
-        status = EXIT_INTERRUPTED
+        status, abrupt = EXIT_INTERRUPTED, True
     except BaseException:
         if not _is_multiprocess():
             raise
         traceback.print_exc()
-        status = 1
-    if status != 0 and _is_multiprocess():
+        status, abrupt = 1, True
+    # A stop every process agreed on (143, 130) leaves through the distributed runtime's shutdown like a finished
+    # run: process 0 runs the coordination service its peers still talk to until they are done.
+    global _stopped_cleanly
+    _stopped_cleanly = not abrupt and status in (EXIT_PREEMPTED, EXIT_INTERRUPTED)
+    if (abrupt or status not in (0, EXIT_PREEMPTED, EXIT_INTERRUPTED)) and _is_multiprocess():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
     return status
 
 
+_stopped_cleanly = False       # run_job: the job stopped where every process agreed (143, or 130 after one Ctrl-C)
+
+
 def exit_process(status: int) -> None:
-    """Leave the process with ``status``. After a second Ctrl-C (130), at once: orbax's save threads, cut off
-    mid-write, printed their failures while the interpreter shut down ("Event loop is closed", up to ~1,150 lines)
-    or kept it waiting. Otherwise the normal exit, during which (JAX and orbax finishing their work) a Ctrl-C stops
-    at once with the one line too, instead of a traceback or a silent exit by the signal."""
+    """Leave the process with ``status``. After a second Ctrl-C (130 without a clean stop), at once: orbax's save
+    threads, cut off mid-write, printed their failures while the interpreter shut down ("Event loop is closed", up
+    to ~1,150 lines) or kept it waiting. Otherwise the normal exit, during which (JAX and orbax finishing their
+    work) a Ctrl-C stops at once with the one line too, instead of a traceback or a silent exit by the signal."""
     def at_once(signum, frame):
         print(INTERRUPTED_MESSAGE, file=sys.stderr, flush=True)
         os._exit(EXIT_INTERRUPTED)
 
     signal.signal(signal.SIGINT, at_once)
-    if status == EXIT_INTERRUPTED:
+    if status == EXIT_INTERRUPTED and not _stopped_cleanly:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import re
+import time
 from typing import Any
 
 import jax
@@ -192,7 +193,7 @@ class Checkpointer:
         self._in_flight: int | None = None        # the step orbax is writing in the background
         self._barrier = None
         async_options = ocp.AsyncOptions(
-            post_finalization_callback=lambda: self._seal_in_flight(),
+            post_finalization_callback=lambda: self._finalized(),
             barrier_sync_fn=self._digest_then_barrier if jax.process_count() > 1 else None)
         options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=True,
                                                enable_async_checkpointing=True, async_options=async_options)
@@ -204,6 +205,8 @@ class Checkpointer:
         self.manager = _Manager(self.directory, options=options)
         log_orbax_errors_on_one_line()
         self.last_complete: int | None = None     # newest step known to be fully written (restored or saved)
+        self.last_save_seconds: float | None = None   # process 0: the last save's time, from its start to its seal
+        self._save_started: float | None = None
 
     def _set_aside_half_deleted_steps(self) -> None:
         """A local step directory without orbax's ``_CHECKPOINT_METADATA`` is what a job killed while orbax deleted
@@ -263,6 +266,11 @@ class Checkpointer:
             self._barrier = ocp.multihost.get_barrier_sync_fn()
         self._barrier(key=key, timeout_ms=timeout_ms)
 
+    def _finalized(self) -> None:
+        self._seal_in_flight()
+        if self._save_started is not None:
+            self.last_save_seconds = time.monotonic() - self._save_started
+
     def _seal_in_flight(self) -> None:
         """Process 0, after every process's files and orbax's merge are written and before orbax commits the step:
         the seal, from the other processes' digests and this process's (of every file nobody else hashed)."""
@@ -321,6 +329,7 @@ class Checkpointer:
         if not all_finite(state["params"]):
             raise NonFiniteStateError(f"refusing to save a non-finite state at step {step}")
         self.wait()                                 # the previous async save: a failure of it names its own step
+        self._save_started = time.monotonic()
         try:
             check_free_space(self.directory, state)
             self._write_json(self._data_state_path(step, jax.process_index()), data_state)

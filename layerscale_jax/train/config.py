@@ -27,13 +27,17 @@ A full experiment config (see ``configs/``) has four sections (and an optional `
                       ``.safetensors`` / ``.npz`` / ``.pth`` file; its weights initialise the model.
   stop_after_steps    0, or stop (saving a checkpoint) after this many steps of this process's run, as if
                       preempted: a way to split a long job into shorter slots.
+  stop_deadline_seconds   0, or the seconds a preemption notice gives before the machine is reclaimed (e.g. 30
+                      for spot VMs and GKE, SLURM's KillWait): a stop whose save would not end in time, judged by
+                      the last save this job measured, exits without it (the last checkpoint stays).
   finetune            'full' | 'lora' | 'linear_probe': what trains (``train.finetune``); with 'lora' the optional
                       top-level ``config.lora`` section (``layerscale_jax.lora.default_config()``) sets rank, α,
                       dropout, targets and whether the head, norms and LayerScale λ train.
   compilation_cache_dir   JAX's persistent compilation cache (a restart loads the compiled step instead of
-                      compiling it again): a local path (default ``~/.cache/layerscale_jax/xla``, per host), or on a
-                      pod a path every host and every restarted VM shares (``gs://BUCKET/xla_cache``); '' turns it
-                      off. See docs/storage.md.
+                      compiling it again): a local path (default ``~/.cache/layerscale_jax/xla``, per host; with
+                      several processes the default becomes ``WORKDIR/xla_cache``, which they all reach), or a path
+                      every host and every restarted VM shares (``gs://BUCKET/xla_cache``); '' turns it off. See
+                      docs/storage.md.
 
 ``load_config(spec)`` reads a config file (``configs/X.py[:arg]``) and ``validate_experiment_config(config)``
 checks all four sections where the config enters (the command line calls both before anything else starts):
@@ -88,6 +92,9 @@ def model_overrides(model_cfg) -> dict:
     return cfg
 
 
+DEFAULT_CACHE_DIR = "~/.cache/layerscale_jax/xla"    # per host; a job of several processes uses WORKDIR/xla_cache
+
+
 def default_train_config() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({
         "steps": 1000,
@@ -103,8 +110,9 @@ def default_train_config() -> ml_collections.ConfigDict:
         "nonfinite": "raise",
         "init_from": "",
         "stop_after_steps": 0,
+        "stop_deadline_seconds": 0.0,
         "finetune": "full",
-        "compilation_cache_dir": "~/.cache/layerscale_jax/xla",
+        "compilation_cache_dir": DEFAULT_CACHE_DIR,
     })
 
 
@@ -133,6 +141,9 @@ def validate_train_config(train) -> None:
         value = train[field]
         if not _is_int(value) or value < 0:
             raise ValueError(f"train.{field}={value!r} must be a non-negative integer")
+    deadline = train.stop_deadline_seconds
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 <= deadline < math.inf:
+        raise ValueError(f"train.stop_deadline_seconds={deadline!r} must be a finite number of seconds ≥ 0 (0: none)")
     _check_fields(train.mesh, MESH_FIELDS, "train.mesh.")
     validate_mesh_config(train.mesh)
     if train.nonfinite not in NONFINITE_MODES:

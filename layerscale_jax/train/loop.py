@@ -7,6 +7,7 @@ loop (metrics, evaluation, checkpoints, preemption) → results.json.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -24,14 +25,17 @@ from layerscale_jax import optim
 from layerscale_jax.models import create_model
 from layerscale_jax.paths import as_path, read_json, write_text_atomically
 from layerscale_jax.runtime import stop_signals
-from layerscale_jax.data.sharding import process_batch_rows
+from layerscale_jax.cli import UserError
+from layerscale_jax.data.sharding import process_batch_rows, read_plan
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import finetune as finetune_lib
 from layerscale_jax.train import tasks as tasks_lib
 from layerscale_jax.train import workdir as workdir_lib
+from layerscale_jax.train.workdir import CACHE_IN_WORKDIR
 from layerscale_jax.train.workdir_lock import WorkdirLock
-from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, to_jsonable
-from layerscale_jax.train.config import model_overrides, validate_experiment_config, validate_train_config
+from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, gather_from_all, to_jsonable
+from layerscale_jax.train.config import (DEFAULT_CACHE_DIR, model_overrides, validate_experiment_config,
+                                         validate_train_config)
 from layerscale_jax.train.diagnostics import branch_diagnostics, to_floats
 from layerscale_jax.train.metrics import MetricsWriter
 from layerscale_jax.train.step import init_train_state, make_eval_step, make_train_step
@@ -216,16 +220,24 @@ def _architecture_line(arch: dict) -> str:
             f"(init {arch.get('init_values')}): {arch['parameters']:,} parameters")
 
 
-def use_compilation_cache(directory: str) -> None:
+def use_compilation_cache(directory: str, workdir=None) -> str:
     """JAX's persistent compilation cache in ``directory`` (``train.compilation_cache_dir``; '' leaves it off): a
     restarted job loads its compiled programs instead of compiling them again. Every program is cached however fast
     it compiled (JAX's default skips those under 1 s: the restore's small ones add up); the minimum entry size stays
     JAX's choice for the filesystem. Takes effect only before the process's first compilation. A damaged entry heals
-    (``_replace_damaged_cache_entries``)."""
+    (``_replace_damaged_cache_entries``).
+
+    JAX writes cache entries from process 0 only, so on a pod a per-host directory leaves hosts 1…N−1 compiling at
+    every restart while the pod waits for them. A job of several processes whose ``directory`` is the per-host
+    default uses ``<workdir>/xla_cache`` instead, which every process reaches (their checkpoints are there too).
+    Returns the directory used ('' for none)."""
+    if directory == DEFAULT_CACHE_DIR and workdir is not None and jax.process_count() > 1:
+        directory = os.fspath(as_path(workdir) / CACHE_IN_WORKDIR)
     if directory:
         jax.config.update("jax_compilation_cache_dir", os.fspath(as_path(directory, "train.compilation_cache_dir")))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     _replace_damaged_cache_entries()
+    return directory
 
 
 def _replace_damaged_cache_entries() -> None:
@@ -263,8 +275,11 @@ def train_and_evaluate(config, workdir, devices=None, *, restart: bool = False) 
     """
     validate_experiment_config(config)
     workdir = as_path(workdir, "workdir")
-    use_compilation_cache(config.train.compilation_cache_dir)
+    cache = use_compilation_cache(config.train.compilation_cache_dir, workdir)
     is_primary = jax.process_index() == 0
+    if is_primary and cache != config.train.compilation_cache_dir:
+        print(f"compilation cache: {cache}, shared by the job's {jax.process_count()} processes (set "
+              "train.compilation_cache_dir to a shared path to share it between runs too)", flush=True)
     lock = WorkdirLock(workdir)
     problem = None
     if is_primary:
@@ -350,24 +365,40 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
     else:
         start_step, data_state = 0, None
         state = trainer.init_state()
-    if stop_signals.stopped_before(start_step + 1):      # a stop signal during start-up or restore
-        checkpointer.close()
-        print(f"stopped before step {start_step + 1}: nothing new to save", flush=True)
-        return {"preempted_at_step": start_step}
 
     # Input pipeline, positioned where the checkpoint left it; this process reads the rows its devices hold.
     train_iter = data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed,
                                               rows=process_batch_rows(mesh, tc.batch_size))
     if data_state is not None:
         train_iter.set_state(data_state)
+    first_batch = data_lib.to_global_batch(next(train_iter), mesh, tc.batch_size)
+    # The train step compiles here, before its first run: a stop signal during start-up, restore or this compile
+    # (minutes for a large model on a pod) ends the job before that step, with nothing new to save.
+    train_step.lower(state, first_batch).compile()
+    if stop_signals.stopped_before(start_step + 1) or stop_signals.requested_anywhere():
+        train_iter.close()
+        checkpointer.close()
+        print(f"stopped before step {start_step + 1}: nothing new to save", flush=True)
+        return {"preempted_at_step": start_step}
     diagnostics_batch = _diagnostics_batch(config, mesh) if trainer.diagnostics is not None else None
 
     writer = MetricsWriter(workdir, tc.steps)
     last_saved = [start_step if restored is not None else None]
+    plan = read_plan(mesh.devices, mesh.axis_names, tc.batch_size)
+    replicated_rows = config.data.skip_bad_records and len({repr(rows) for rows in plan.values()}) < len(plan)
+
+    def check_replicas(step):
+        """Processes that read the same rows (``tensor`` across hosts) must have skipped the same bad records."""
+        problem = replica_mismatch(plan, gather_from_all(train_iter.bad_records)) if replicated_rows else None
+        if problem is not None:
+            raise UserError(f"by step {step}, {problem}: their copies of the dataset differ, so one batch shard got "
+                            "different examples on different hosts; give every host the same dataset files (e.g. "
+                            "one data.data_dir on gs://) and resume from the last checkpoint")
 
     def save(step, metrics=None, window=None):
         if last_saved[0] == step:
             return
+        check_replicas(step)
         nonfinite = int(jax.device_get(state["nonfinite_steps"]))
         if nonfinite and tc.nonfinite == "raise":
             raise NonFiniteError(_nonfinite_message(step, checkpointer))
@@ -385,9 +416,11 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
         preempted = False
         while step < tc.steps:
             waited_from = time.perf_counter()       # the step is dispatched asynchronously: time spent here
-            host_batch = next(train_iter)           # is time the input pipeline kept the loop waiting
+            if first_batch is not None:             # is time the input pipeline kept the loop waiting
+                batch, first_batch = first_batch, None
+            else:
+                batch = data_lib.to_global_batch(next(train_iter), mesh, tc.batch_size)
             input_wait += time.perf_counter() - waited_from
-            batch = data_lib.to_global_batch(host_batch, mesh, tc.batch_size)
             state, metrics = train_step(state, batch)
             step += 1
             pending.append(metrics)
@@ -409,6 +442,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                 last_log_time, last_log_step, input_wait = now, step, 0.0
                 writer.write(step, scalars)
                 writer.progress(step, {**scalars, "input_wait_ms": wait_ms})
+                check_replicas(step)
 
             is_eval = (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps
             if is_eval:
@@ -424,9 +458,17 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                 save(step, metrics=eval_results if is_eval else None, window=_host_window(pending))
 
             stop_slot = tc.stop_after_steps and step - start_step >= tc.stop_after_steps
-            if (stop_signals.reached_sync_point(step + 1) or stop_slot) and step < tc.steps:
-                save(step, window=_host_window(pending))
+            stop = stop_signals.reached_sync_point(step + 1)
+            if not stop and is_eval and step < tc.steps:    # a notice during the evaluation: stop now, not later
+                stop = stop_signals.requested_anywhere()
+            if (stop or stop_slot) and step < tc.steps:
                 preempted = True
+                no_time = _no_time_to_save(tc.stop_deadline_seconds, checkpointer) if last_saved[0] != step else None
+                if no_time is not None:
+                    print(f"stopped at step {step} without saving it ({no_time}); the last checkpoint is step "
+                          f"{checkpointer.last_complete} in {checkpointer.directory}", flush=True)
+                    break
+                save(step, window=_host_window(pending))
                 print(f"stopped at step {step}; checkpoint saved in {checkpointer.directory}", flush=True)
                 break
 
@@ -456,6 +498,40 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
               f"TensorBoard: tensorboard --logdir {writer.tb_dir}\nresults: {results_path}",
               flush=True)
     return results
+
+
+def replica_mismatch(plan: dict, skipped: list[int]) -> str | None:
+    """Processes reading the same rows of every batch (``plan``: ``data.sharding.read_plan``; with ``tensor`` across
+    hosts) feed one batch shard, so with ``data.skip_bad_records`` they must have skipped the same records: the same
+    content gives the same decisions. ``skipped``: each process's count, in process order. The mismatch in words (a
+    dataset copy that differs between hosts), or None."""
+    groups = collections.defaultdict(list)
+    for process, rows in plan.items():
+        groups[repr(rows)].append(process)
+    for processes in groups.values():
+        if len({skipped[p] for p in processes}) > 1:
+            counts = ", ".join(f"process {p}: {skipped[p]}" for p in processes)
+            return f"processes that read the same rows skipped different numbers of bad records ({counts})"
+    return None
+
+
+def _no_time_to_save(deadline: float, checkpointer: Checkpointer) -> str | None:
+    """Why the stop's save is skipped, or None: ``train.stop_deadline_seconds`` (the time a preemption notice gives
+    before the machine is reclaimed; 0: none) would pass before a save as long as the last one measured in this job
+    ends, counted from the notice. Process 0 decides for all (a save is collective); the last sealed checkpoint stays
+    the one to resume from. Without a measured save, or a notice (``train.stop_after_steps``), it saves."""
+    if not deadline:
+        return None
+    checkpointer.wait()               # a save still in flight ends first either way: then its time is known
+    reason = None
+    if jax.process_index() == 0:
+        notice, estimate = stop_signals.notice_time(), checkpointer.last_save_seconds
+        if notice is not None and estimate is not None:
+            left = deadline - (time.time() - notice)
+            if estimate > left:
+                reason = (f"a save takes about {estimate:.1f} s and {max(left, 0.0):.1f} s of "
+                          f"train.stop_deadline_seconds={deadline:g} are left")
+    return broadcast_from_primary(reason)
 
 
 def _diagnostics_batch(config, mesh) -> dict:

@@ -18,7 +18,8 @@ from layerscale_jax.paths import finish_moves, is_url, move_all, read_json, writ
 # long the run goes on, what it logs, how it is laid out on devices, not what the checkpoints hold.
 RESUMABLE_CHANGES = (
     "train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
-    "train.stop_after_steps", "train.nonfinite", "train.eval_batch_size", "train.mesh.", "train.compilation_cache_dir",
+    "train.stop_after_steps", "train.stop_deadline_seconds",
+    "train.nonfinite", "train.eval_batch_size", "train.mesh.", "train.compilation_cache_dir",
     "data.num_workers", "data.prefetch", "model.attention_impl",
 )
 
@@ -28,6 +29,7 @@ ADDED_FIELDS = {"data.read_block": 0, "data.read_window": 16}
 
 PREVIOUS_DIR = "previous"       # --restart moves an earlier run's files to <workdir>/previous/<UTC time>/
 RESTART_JOURNAL = "restart.json"  # the moves of a --restart until they are all done (paths.move_all)
+CACHE_IN_WORKDIR = "xla_cache"  # a multi-process job's default compilation cache (train.loop.use_compilation_cache)
 
 log = logging.getLogger(__name__)
 
@@ -181,12 +183,14 @@ def earlier_run(workdir: epath.Path, checkpoints: epath.Path) -> list[str]:
 
 def move_aside(workdir: epath.Path) -> epath.Path | None:
     """``--restart``: every file of the earlier run (checkpoints, metrics.jsonl, tensorboard/, results.json,
-    config.json, ...) moves to ``<workdir>/previous/<UTC time>/``; returns that directory (None: nothing to move).
+    config.json, ...) moves to ``<workdir>/previous/<UTC time>/`` (the compilation cache stays); returns that
+    directory (None: nothing to move).
 
     The moves are journalled (``paths.move_all``): a job killed in the middle of them (on a bucket a directory moves
     object by object) leaves ``restart.json``, and the next start finishes them (``finish_restart``) before it
     looks at the workdir."""
-    names = sorted(p.name for p in workdir.iterdir() if p.name not in ("lock.json", PREVIOUS_DIR, RESTART_JOURNAL))
+    names = sorted(p.name for p in workdir.iterdir()
+                   if p.name not in ("lock.json", PREVIOUS_DIR, RESTART_JOURNAL, CACHE_IN_WORKDIR))
     if not names:
         return None
     stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.gmtime())
