@@ -44,6 +44,7 @@ def two_processes(bucket, *args):
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_restarted_two_process_job_loads_the_step_from_the_cache_in_its_gs_workdir_on_every_process(tmp_path):
     bucket = tmp_path / "bucket"
     first = two_processes(bucket, "--config.train.stop_after_steps=2")

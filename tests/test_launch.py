@@ -169,6 +169,7 @@ def _free_port():
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("layout", ["slurm_one_task_per_device", "torchrun_one_process_per_node"])
 def test_a_two_process_cpu_job_starts_as_the_recipe_writes_it(tmp_path, layout):
     """Two real processes started with ``--distributed`` and nothing else, as ``srun`` (1 device per task) or a

@@ -20,6 +20,7 @@ def test_replicas_that_skipped_different_records_are_named():
     assert replica_mismatch({0: ((0, 8),), 1: ((8, 16),)}, [0, 5]) is None    # different rows: independent
 
 
+@pytest.mark.slow
 def test_the_loop_stops_when_hosts_reading_the_same_rows_skipped_different_records(tmp_path, monkeypatch):
     """Two processes simulated in one: their plans name the same rows and their gathered counts differ."""
     monkeypatch.setattr(loop_lib, "read_plan", lambda *a: {0: ((0, 16),), 1: ((0, 16),)})

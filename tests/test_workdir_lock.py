@@ -96,6 +96,7 @@ def test_an_empty_or_garbled_lock_is_taken_over_in_one_line(tmp_path, capsys, te
     lock.release()
 
 
+@pytest.mark.slow
 def test_fit_takes_over_an_empty_lock_left_by_a_full_disk(tmp_path, capsys):
     """The issue's case: a disk full at start left a 0-byte lock.json; once space is freed, lsj.fit trains."""
     workdir = tmp_path / "run"
@@ -144,6 +145,7 @@ def test_the_heartbeat_renews_the_lock_and_stops_when_another_job_took_it_over(t
     assert holder(tmp_path)["host"] == "other-host"              # not ours: left alone
 
 
+@pytest.mark.slow
 def test_the_locks_release_never_hides_the_error_that_ended_the_run(tmp_path, monkeypatch, caplog):
     """Issue 39: the workdir turned unwritable near the end. The run's own error is raised (not the lock's EPERM); the
     lock that could not be removed is left with a warning and the next run takes it over."""
