@@ -7,6 +7,11 @@ host:port --num_processes N --process_id I``; ``--local_device_ids`` picks the d
 exits at once, without the distributed runtime's shutdown barrier: its peers' next collective then fails too, instead
 of every process waiting for the others until a timeout.
 
+``--compile_for TARGET`` (``v5e-256``, ``v4-32``, ``2xv5e-256``, ``8xh100``, ``v5e:16x16``, ...) compiles the run's
+train and eval steps for that target on this machine and prints per-chip memory against HBM, FLOPs, collectives and
+the roofline bound instead of training (no ``--workdir``, no data; ``--fit`` searches for a config that fits,
+``--json`` adds the report as one JSON line; ``train.compile_for``, docs/multihost.md "Will it fit?").
+
 A mistake in the command line or the config is reported in one line (``error: ...``, exit status 2) before JAX
 starts: an unknown field names the closest valid ones, a bad value names the field and the value. ``--debug`` (or
 ``LAYERSCALE_JAX_DEBUG=1``) adds the traceback.

@@ -197,24 +197,35 @@ class DoesNotFit(UserError):
     """The run needs more memory per chip than the target's chips have (one line with the numbers)."""
 
 
-def _out_of_memory(err: Exception, target, config) -> UserError | None:
+def _out_of_memory(err: Exception, target, config, per_chip: int) -> UserError | None:
     """libtpu's compile-time out-of-memory as one line with the numbers, or None for another error."""
     match = _TPU_OOM.search(str(err))
     if "RESOURCE_EXHAUSTED" not in str(err) or not match:
         return None
     needed = float(match.group(1)) * _UNITS[match.group(2)]
     available = float(match.group(3)) * _UNITS[match.group(4)]
-    return DoesNotFit(does_not_fit(config, target, needed, available, "temporaries, the compiler's count"))
+    return DoesNotFit(does_not_fit(config, target, needed, available, "of temporaries, the compiler's count",
+                                   per_chip, needed, available))
 
 
-def does_not_fit(config, target, needed: float, available: float, what: str) -> str:
-    """The one line for a run that does not fit: needed vs HBM per chip, and what would fit."""
-    mesh_batch = config.train.batch_size
-    return (f"{config.model.name} (global batch {mesh_batch}) does not fit {target.name}: it needs "
-            f"{needed / GiB:.2f} GiB per chip ({what}) but a {target.chip.name} chip has {available / GiB:.2f} GiB"
-            f"{f' ({target.memory_note})' if target.memory_note else ''}; "
-            f"a smaller per-chip batch (--config.optim.accum_steps=2, 4, ... keeps the global batch), "
-            f"--config.model.remat=full or more fsdp would; rerun with --fit to find the first that does")
+def does_not_fit(config, target, needed: float, available: float, what: str, per_chip: int, temporaries: float,
+                 room: float) -> str:
+    """The one line for a run that does not fit: needed vs HBM per chip, and what would fit — the per-chip
+    micro-batch whose temporaries would fit in ``room`` bytes if they shrink with the batch (an estimate; ``--fit``
+    compiles to find out), as the ``optim.accum_steps`` that gives it with the global batch unchanged."""
+    head = (f"{config.model.name} (global batch {config.train.batch_size}, {per_chip} per chip) does not fit "
+            f"{target.name}: it needs {needed / GiB:.2f} GiB per chip ({what}) but a {target.chip.name} chip has "
+            f"{available / GiB:.2f} GiB{f' ({target.memory_note})' if target.memory_note else ''}; ")
+    accum = config.optim.accum_steps
+    micro = per_chip // accum
+    fitting = int(micro * max(room, 0.0) / temporaries) if temporaries > 0 else 0
+    steps = [k for k in (accum * 2 ** i for i in range(1, 16)) if per_chip % k == 0 and per_chip // k <= fitting]
+    if steps:
+        hint = (f"about {fitting} images per chip would fit (temporaries shrink with the batch): "
+                f"--config.optim.accum_steps={steps[0]} keeps the global batch, ")
+    else:
+        hint = "not even one image per chip would fit as it is: "
+    return head + hint + "or --config.model.remat=full, or more fsdp; --fit compiles to find the first that fits"
 
 
 @dataclasses.dataclass
@@ -253,7 +264,7 @@ def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSte
             try:
                 compiled[name] = step.lower(*args).compile()
             except Exception as err:        # noqa: BLE001 - an out-of-memory becomes one line; others propagate
-                oom = _out_of_memory(err, parsed, config)
+                oom = _out_of_memory(err, parsed, config, tc.batch_size // (mesh.shape["data"] * mesh.shape["fsdp"]))
                 if oom is None:
                     raise
                 raise oom from err
@@ -284,8 +295,10 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
         compile_seconds=steps.seconds, peak_flop_per_s=parsed.chip.peak_bf16_flop_per_s,
         hbm_bytes_per_s=parsed.chip.hbm_bytes_per_s)
     if check_fit and not report.fits:
+        fixed = report.train_memory.total - report.train_memory.temporaries
         raise DoesNotFit(does_not_fit(config, parsed, report.peak_bytes, report.hbm_per_chip,
-                                      "arguments, outputs and temporaries"))
+                                      "arguments, outputs and temporaries", report.per_chip_batch,
+                                      report.train_memory.temporaries, report.hbm_per_chip - fixed))
     return report
 
 
