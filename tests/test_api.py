@@ -225,6 +225,7 @@ def test_a_torn_metrics_line_is_dropped_and_restart_starts_over_where_no_checkpo
     assert (previous / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_workdirs_are_read_as_the_command_line_reads_them(ema_run, tmp_path, monkeypatch):
     """``~``, ``file://`` and relative workdirs name the directory the CLI would use; another scheme is refused
     before anything is written (it trained into ``<cwd>/file:/...`` or ``<cwd>/memory:/...``)."""
@@ -247,6 +248,7 @@ def test_workdirs_are_read_as_the_command_line_reads_them(ema_run, tmp_path, mon
         lsj.load_run("weights.safetensors")
 
 
+@pytest.mark.slow
 def test_a_damaged_results_file_is_named_with_what_to_do(ema_run, tmp_path):
     import shutil
     workdir = tmp_path / "damaged"

@@ -345,6 +345,7 @@ def test_a_training_workdir_exports_to_timm(six_step_run, tmp_path, capsys, capl
 
 # -- faults at the command line (docs/reliability.md) --------------------------------------------------------------
 
+@pytest.mark.slow
 def test_an_export_onto_a_full_disk_is_one_line_and_leaves_the_old_file_whole(six_step_run, tmp_path, capsys,
                                                                                 monkeypatch):
     import safetensors.numpy
@@ -364,6 +365,7 @@ def test_an_export_onto_a_full_disk_is_one_line_and_leaves_the_old_file_whole(si
     assert out.read_bytes() == b"the previous export" and sorted(os.listdir(tmp_path)) == ["model.safetensors"]
 
 
+@pytest.mark.slow
 def test_a_converted_checkpoint_that_cannot_be_written_stops_at_once_in_one_line(six_step_run, tmp_path, capsys,
                                                                                  monkeypatch, caplog):
     """orbax fails to create --out's params directory (a full disk): one error line, last, and orbax's waiting
@@ -449,6 +451,7 @@ def test_the_timm_worker_runs_in_a_python_with_torch_but_no_jax(tmp_path):
                                     "(ImportError: fake torch: its standard-library imports worked)")
 
 
+@pytest.mark.slow
 def test_an_unprepared_dataset_is_one_line_without_tfds_warnings_before_it(tmp_path, capsys, caplog):
     with caplog.at_level("WARNING"):
         status = run_cli(train_main, ["--config", DIGITS, "--workdir", str(tmp_path / "wd"),

@@ -261,6 +261,7 @@ def test_nonfinite_loss_stops_the_run_naming_step_and_checkpoint(tmp_path):
         assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(restored[1]["params"]))
 
 
+@pytest.mark.slow
 def test_nonfinite_skip_mode_skips_updates_and_counts_them(tmp_path, capsys):
     """The count is in the final line (it was only in results.json)."""
     results = loop_lib.train_and_evaluate(_exploding_config("skip"), str(tmp_path / "skip"))
@@ -331,6 +332,7 @@ def test_a_run_evaluated_on_validation_names_its_metrics_val_not_test(tmp_path):
     assert [r["step"] for r in evaluations] == [2, 4]      # the checkpoints of both kept the best by val_accuracy
 
 
+@pytest.mark.slow
 def test_a_damaged_compilation_cache_entry_is_replaced_by_the_next_compile(tmp_path):
     """An entry overwritten with random bytes: JAX warns once and compiles (it used to warn and recompile on every
     run, never replacing the entry); the next run loads the replaced entry without a warning."""

@@ -502,6 +502,7 @@ def test_a_damaged_seal_or_data_state_of_the_newest_step_is_quarantined_not_a_tr
     assert f"checkpoint at step {STEPS} is corrupt" in caplog.text and results["resumed_from_step"] == 4
 
 
+@pytest.mark.slow
 def test_a_save_that_cannot_create_its_step_directory_stops_without_waiting_for_orbax_threads(tmp_path, monkeypatch,
                                                                                                caplog):
     """The step directory of step 4 cannot be created (a read-only or immutable checkpoints directory): orbax's
@@ -530,6 +531,7 @@ def test_a_save_that_cannot_create_its_step_directory_stops_without_waiting_for_
     assert loop_lib.train_and_evaluate(config(), str(tmp_path / "immutable"))["resumed_from_step"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damaged", ["results.json", "config.json"])
 def test_a_damaged_results_or_config_file_is_named_with_what_to_do(finished, tmp_path, damaged):
     from layerscale_jax.cli import UserError
