@@ -49,7 +49,6 @@ def train_classifier(config) -> dict:
 
     from layerscale_jax import data as data_lib
     from layerscale_jax.train import sharding as shard_lib
-    from layerscale_jax.train.diagnostics import make_diagnostics_fn
     from layerscale_jax.train.loop import create_trainer
     from layerscale_jax.train.tasks import metric_prefix
 
@@ -61,8 +60,7 @@ def train_classifier(config) -> dict:
     state = trainer.init_state()
     train_iter = data_lib.make_train_iterator(config.data, global_batch_size=config.train.batch_size,
                                               seed=config.train.seed)
-    batch_sharding = {"image": shard_lib.batch_sharding(mesh), "label": shard_lib.batch_sharding(mesh)}
-    diagnostics_fn = make_diagnostics_fn(trainer.graphdef_train, mesh, trainer.param_sharding, batch_sharding)
+    diagnostics_fn = trainer.diagnostics                          # the train loop's (train.loop.create_trainer)
     first = data_lib.to_global_batch(next(train_iter), mesh)
     diagnostics_batch = {"image": first["image"], "label": first["label"]}
 

@@ -10,9 +10,8 @@ they are freed (above 32 MiB it always ``mmap``s them), so each step page-faults
 - glibc's ``glibc.malloc.hugetlb=1`` tunable makes malloc ask for transparent huge pages (2 MiB): 100- to 370-fold
   fewer faults, but every step still zeroes its buffers' fresh pages.
 
-``python -m layerscale_jax.bench page_faults`` measures the three side by side (docs/performance.md, "Allocator":
-on a 2-core AMD EPYC the depth-48 ablation step 1.38× faster with TCMalloc and 1.30× with huge pages than with
-glibc's defaults; DeiT III-S/16 at batch 16 1.20× and 1.17×).
+``python -m layerscale_jax.bench page_faults`` measures the three side by side (docs/performance.md, "Allocator",
+has the speed-ups per machine kind).
 
 An allocator is chosen when a process starts (``LD_PRELOAD``, ``GLIBC_TUNABLES``), so the entry points
 (``python -m layerscale_jax.train``, ``python -m layerscale_jax.bench``, the experiment drivers) re-execute

@@ -95,6 +95,7 @@ def test_importing_the_package_needs_no_config_or_data_stack():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_fit_returns_the_results_history_and_model(ema_run):
     results = json.loads((ema_run.workdir / "results.json").read_text())
     assert ema_run.finished and ema_run.results == results and ema_run.step == 12
@@ -106,6 +107,7 @@ def test_fit_returns_the_results_history_and_model(ema_run):
         ema_run.series("train_los")
 
 
+@pytest.mark.slow
 def test_evaluate_reproduces_the_runs_test_accuracy(ema_run):
     """The model comes back with the weights the run evaluated (its EMA here): the same accuracy, exactly."""
     metrics = lsj.evaluate(ema_run.model, ema_run.config)
@@ -113,6 +115,7 @@ def test_evaluate_reproduces_the_runs_test_accuracy(ema_run):
     assert metrics["test_loss"] == pytest.approx(ema_run.results["test_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_the_loaded_parameters_are_the_trained_ones(ema_run):
     """The loop logged diagnostics of its final parameters on the seed's first train batch; the loaded
     parameters (not the EMA) give the same values on that batch."""
@@ -134,11 +137,13 @@ def test_ema_weights_on_request(ema_run, tmp_path):
     assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ema), jax.tree.leaves(params)))
 
 
+@pytest.mark.slow
 def test_a_run_without_ema_refuses_the_ema_option(interrupted_run):
     with pytest.raises(ValueError, match="holds no EMA"):
         lsj.load_run(interrupted_run[0], ema=True)
 
 
+@pytest.mark.slow
 def test_fitting_again_in_the_same_process_gives_the_same_run(ema_run, tmp_path):
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     again = lsj.fit(ema_run.config, tmp_path / "again")
@@ -150,6 +155,7 @@ def test_fitting_again_in_the_same_process_gives_the_same_run(ema_run, tmp_path)
     assert lsj.fit(ema_run.config, tmp_path / "again").results == again.results
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_at_a_step_boundary_and_the_workdir_resumes(interrupted_run):
     workdir, config, interrupt = interrupted_run
     assert isinstance(interrupt, lsj.TrainingInterrupted) and 1 <= interrupt.step < config.train.steps
@@ -160,6 +166,7 @@ def test_ctrl_c_stops_at_a_step_boundary_and_the_workdir_resumes(interrupted_run
     assert resumed.results["resumed_from_step"] == stopped.step and resumed.step == config.train.steps
 
 
+@pytest.mark.slow
 def test_a_run_split_by_stop_after_steps_returns_unfinished(interrupted_run, tmp_path):
     config = lsj.override_config(interrupted_run[1], {"train.stop_after_steps": 3})
     run = lsj.fit(config, tmp_path / "slot")
@@ -175,6 +182,7 @@ def test_example_batch_of_the_eval_split_is_its_first_examples():
         lsj.example_batch(config, "test")
 
 
+@pytest.mark.slow
 def test_evaluate_on_another_split_counts_each_of_its_examples_once(ema_run):
     stored = lsj.load_run(ema_run.workdir)          # the config read back from the checkpoint works as well
     metrics = lsj.evaluate(stored.model, stored.config, split="validation")
@@ -205,6 +213,7 @@ def test_progress_watched_live_is_one_line_updated_in_place(tmp_path, monkeypatc
     assert "4/4" in last and "train_loss 1.5" in last and "test_accuracy 0.25" in last   # newest of each
 
 
+@pytest.mark.slow
 def test_a_torn_metrics_line_is_dropped_and_restart_starts_over_where_no_checkpoint_is_usable(ema_run, tmp_path):
     import shutil
 

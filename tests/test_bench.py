@@ -27,6 +27,7 @@ def no_torch(monkeypatch):
                         lambda name, *a, **k: None if name in ("torch", "timm") else real_find_spec(name, *a, **k))
 
 
+@pytest.mark.slow
 def test_train_step_at_a_toy_size_reports_the_json_keys(capsys):
     cli.main(["train_step", "--batch", "4", "--repeats", "1", "--min-repeat-s", "0", "--json", *TOY_FLAGS])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -35,6 +36,7 @@ def test_train_step_at_a_toy_size_reports_the_json_keys(capsys):
     assert result["overrides"] == TOY
 
 
+@pytest.mark.slow
 def test_vs_timm_without_torch_says_so_and_still_reports_ours(monkeypatch):
     no_torch(monkeypatch)
     r = measure_train_step(StepSpec(batch=2, overrides=TOY), vs_timm=True, repeats=1, min_repeat_s=0, peak=PEAK)
@@ -43,6 +45,7 @@ def test_vs_timm_without_torch_says_so_and_still_reports_ours(monkeypatch):
     assert "not importable" in r["timm_skipped"] and "--timm-python" in r["timm_skipped"]
 
 
+@pytest.mark.slow
 def test_timm_python_runs_the_worker_with_that_interpreter_and_reports_what_it_lacks():
     # This interpreter has no torch: the worker starts under it (the repository on PYTHONPATH), says so and exits.
     import importlib.util
@@ -53,6 +56,7 @@ def test_timm_python_runs_the_worker_with_that_interpreter_and_reports_what_it_l
     assert f"not importable by {sys.executable}" in r["timm_skipped"] and r["ratio_vs_timm"] is None
 
 
+@pytest.mark.slow
 def test_timm_python_that_does_not_exist_is_a_clear_error_naming_the_flag_and_the_path():
     with pytest.raises(ValueError, match=r"--timm-python '/no/such/python'"):
         measure_train_step(StepSpec(batch=2, overrides=TOY), vs_timm=True, timm_python="/no/such/python")
@@ -70,6 +74,7 @@ def test_the_timm_worker_imports_nothing_newer_than_python_3_11():
         ast.parse(Path(f).read_text(), f, feature_version=(3, 11))
 
 
+@pytest.mark.slow
 def test_the_peer_is_big_vision_vit_with_a_hand_counted_parameter_count():
     d, m, p, n, classes, depth = 64, 256, 4, (16 // 4) ** 2, 10, 2
     block = 2 * 2 * d + 4 * (d * d + d) + (d * m + m) + (m * d + d)   # two LayerNorms, q k v o, the MLP
@@ -84,6 +89,7 @@ def test_the_peer_is_big_vision_vit_with_a_hand_counted_parameter_count():
     assert float(loop.out) > 0
 
 
+@pytest.mark.slow
 def test_vs_peer_times_the_peer_alternately_and_reports_ratio_and_flops():
     r = measure_train_step(StepSpec(batch=2, overrides=TOY), vs_peer=True, repeats=3, min_repeat_s=0, peak=PEAK)
     assert r["peer"] == peer.LABEL
@@ -106,6 +112,7 @@ def test_vs_peer_refuses_cait_naming_the_flag_and_the_model():
         cli.main(["train_step", "--model", "cait_xxs24_224", "--vs-peer", *TOY_FLAGS])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["deit3_small_patch16_224", "cait_xxs24_224"])
 def test_analytic_flops_agree_with_xla_cost_analysis(model):
     f = CompiledStep(StepSpec(model=model, batch=4, overrides=TOY)).flops()
@@ -113,6 +120,7 @@ def test_analytic_flops_agree_with_xla_cost_analysis(model):
     assert 1.0 <= f["flops_xla_over_analytic"] <= 1.25, f
 
 
+@pytest.mark.slow
 def test_xla_options_compiles_each_option_set_and_times_them_against_the_default():
     from layerscale_jax.bench.entries import bench_xla_options
     r = bench_xla_options(("ynn_off",), cases=[("toy", StepSpec(batch=2, overrides=TOY))], repeats=1)
@@ -124,6 +132,7 @@ def test_xla_options_compiles_each_option_set_and_times_them_against_the_default
         bench_xla_options(("no_such_option",))
 
 
+@pytest.mark.slow
 def test_profile_attributes_time_to_the_compiled_programs_operations(capsys):
     cli.main(["profile", "--batch", "2", "--steps", "1", "--top", "5", "--json", *TOY_FLAGS])
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -132,6 +141,7 @@ def test_profile_attributes_time_to_the_compiled_programs_operations(capsys):
     assert sum(row["ms_per_step"] for row in r["by_kind"]) <= r["timed_ops_ms_per_step"] + 1e-9
 
 
+@pytest.mark.slow
 def test_page_faults_runs_the_probe_in_fresh_processes_with_each_malloc():
     from layerscale_jax.bench.entries import bench_page_faults
     from layerscale_jax.runtime import tcmalloc_library
@@ -192,6 +202,7 @@ def test_report_of_two_machines_puts_each_benchmarks_rows_side_by_side(capsys):
     assert rows[fp32[0]].endswith("| AMD EPYC |") and rows[fp32[1]].endswith("| Intel(R) Xeon(R) Processor |")
 
 
+@pytest.mark.slow
 def test_optimizer_entry_times_the_trainer_optimizer_against_plain_adamw_and_reports_the_ratio():
     from layerscale_jax.bench import trainer
     from layerscale_jax.bench.report import report
@@ -226,6 +237,7 @@ def test_bench_modules_import_only_modules_before_them_so_there_is_no_cycle():
         assert not later, f"bench/{name}.py imports {sorted(later)}, which come after it in IMPORT_ORDER"
 
 
+@pytest.mark.slow
 def test_the_bench_command_line_imports_nothing_heavier_than_the_models_do():
     # The GPU machine has jax, flax and optax but no TensorFlow, grain or torch: the bench needs only the models.
     heavy = "('tensorflow', 'tensorflow_datasets', 'grain', 'ml_collections', 'torch', 'timm')"
@@ -245,6 +257,7 @@ def test_every_entry_prints_its_results_from_a_committed_results_file(capsys):
     assert "ratio_vs_timm" in out and "speedup_vs_default" in out and {"train_step", "optimizer", "all"} <= set(ENTRIES)
 
 
+@pytest.mark.slow
 def test_layerscale_times_both_branch_scalings_alternately_and_reports_the_overhead():
     from layerscale_jax.bench.entries import bench_layerscale
     (row,) = bench_layerscale(repeats=3, cases=[("toy", 2, dict(TOY, init_values="auto"))])["rows"]

@@ -146,6 +146,7 @@ def _bad_inputs(f, tmp):
     ]
 
 
+@pytest.mark.slow
 def test_every_bad_input_gives_one_error_line_and_exit_status_2(files, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(DEBUG_ENV, raising=False)
     failures = []
@@ -168,6 +169,7 @@ def _subprocess(module, *args, debug=False, **env_vars):
                           cwd=ROOT, timeout=300)
 
 
+@pytest.mark.slow
 def test_unknown_config_field_in_a_real_process_is_one_line(tmp_path):
     proc = _subprocess("layerscale_jax.train", "--config", DIGITS, "--workdir", str(tmp_path),
                        "--config.model.dept=3")
@@ -177,6 +179,7 @@ def test_unknown_config_field_in_a_real_process_is_one_line(tmp_path):
         "'config.model.dtype'?)"]
 
 
+@pytest.mark.slow
 def test_missing_device_backend_in_a_real_process_is_one_line(tmp_path):
     proc = _subprocess("layerscale_jax.train", "--config", TINY, "--workdir", str(tmp_path), JAX_PLATFORMS="tpu")
     lines = proc.stderr.strip().splitlines()
@@ -184,6 +187,7 @@ def test_missing_device_backend_in_a_real_process_is_one_line(tmp_path):
     assert lines[0].startswith("error: no JAX device backend could start (JAX_PLATFORMS=tpu)")
 
 
+@pytest.mark.slow
 def test_debug_switch_adds_the_traceback(files, tmp_path):
     source = str(files / "text.safetensors")
     args = ("--model", "deit3_small_patch16_224", "--source", source, "--export-timm", str(tmp_path / "x.npz"))
@@ -288,6 +292,7 @@ def test_float_model_fields_stay_floats():
 
 # -- exporting a training workdir ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_training_workdir_exports_to_timm(six_step_run, tmp_path, capsys, caplog):
     import shutil
 

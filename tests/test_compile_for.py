@@ -131,6 +131,7 @@ SMALL = ("--config.data.mixup_alpha=0", "--config.data.cutmix_alpha=0",       # 
          "--config.train.mesh.data=1", "--config.train.mesh.fsdp=-1")
 
 
+@pytest.mark.slow
 @needs_libtpu
 @pytest.mark.slow
 def test_compile_for_prints_one_screen_and_the_report_as_the_last_json_line():
@@ -152,6 +153,7 @@ def test_compile_for_prints_one_screen_and_the_report_as_the_last_json_line():
     assert report["compute_bound_s"] == pytest.approx(report["flops_per_step"] / (4 * 197e12))
 
 
+@pytest.mark.slow
 @needs_libtpu
 @pytest.mark.slow
 def test_the_python_api_returns_the_report_without_opening_the_dataset():

@@ -34,6 +34,7 @@ def load(path, arg):
 CASES = [(path, arg) for path in CONFIG_FILES for arg in VARIANTS.get(os.path.basename(path), [None])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path,arg", CASES, ids=[f"{os.path.basename(p)}:{a}" for p, a in CASES])
 def test_config_builds_model_and_optimizer_abstractly(path, arg):
     config = load(path, arg)

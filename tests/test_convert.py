@@ -59,6 +59,7 @@ def params_equal(a, b) -> bool:
 
 # --- parity with timm --------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scanned"])
 @pytest.mark.parametrize("case", CASES)
 def test_logits_match_timm(case, scan_layers):
@@ -199,6 +200,7 @@ def test_head_keeps_the_model_initialisation_when_num_classes_differs(caplog):
     assert "num_classes differs" in caplog.text
 
 
+@pytest.mark.slow
 def test_from_timm_initialises_a_new_head_from_rngs():
     name, kwargs, state_dict, _ = fixture("deit3_tiny")
     model = from_timm(name, state_dict, rngs=nnx.Rngs(3), **dict(kwargs, num_classes=5))
@@ -208,6 +210,7 @@ def test_from_timm_initialises_a_new_head_from_rngs():
 
 # --- our orbax checkpoints (config.init_from) -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_save_pretrained_then_load_model_is_bit_exact(tmp_path):
     name, kwargs, state_dict, _ = fixture("cait_tiny")
     model = from_timm(name, state_dict, scan_layers=True, **kwargs)

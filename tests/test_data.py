@@ -74,6 +74,7 @@ def png(image):
 # ------------------------------------------------------------------------------------------------ imports & config
 
 
+@pytest.mark.slow
 def test_importing_the_package_and_reading_digits_never_imports_tensorflow(data_dir):
     code = (
         "import sys, layerscale_jax, layerscale_jax.data as d\n"
@@ -136,6 +137,7 @@ def test_randaugment_string_is_parsed_like_timm():
 # ------------------------------------------------------------------------------------------------ digits
 
 
+@pytest.mark.slow
 def test_digits_split_is_stratified_disjoint_and_complete(data_dir):
     builder = sources.open_builder("digits", data_dir)
     rows = {
@@ -153,6 +155,7 @@ def test_digits_split_is_stratified_disjoint_and_complete(data_dir):
     assert np.all((test_share > 0.18) & (test_share <= 0.2))
 
 
+@pytest.mark.slow
 def test_digits_validation_split_is_a_stratified_fifth_of_train_and_the_rest_trains(data_dir):
     builder = sources.open_builder("digits", data_dir)
     rows = {split: sorted(int(r["sklearn_index"]) for r in builder.as_data_source(split))
@@ -168,6 +171,7 @@ def test_digits_validation_split_is_a_stratified_fifth_of_train_and_the_rest_tra
     assert np.array_equal(np.bincount(labels[rows["validation"]], minlength=10), per_class_train // 5)
 
 
+@pytest.mark.slow
 def test_digits_version_1_1_keeps_train_and_test_record_for_record_in_order(tmp_path):
     """Committed results were read from version 1.0.0: the added splits must not move a record of train or test."""
     script = f"""
@@ -253,6 +257,7 @@ def test_same_seed_gives_the_same_batches_and_another_seed_others(data_dir):
     assert not np.array_equal(a[0]["image"], b[0]["image"])
 
 
+@pytest.mark.slow
 def test_processes_read_disjoint_slices_that_make_up_the_single_process_batch(data_dir):
     cfg = digits_config(data_dir)  # with its random translation: augmentation too is process-count independent
     single = train_batches(cfg, 4, 12)
@@ -304,11 +309,13 @@ def test_state_of_another_run_is_refused(data_dir):
     other.close()
 
 
+@pytest.mark.slow
 def test_worker_processes_produce_the_same_batches_as_in_process(data_dir):
     in_process = train_batches(digits_config(data_dir), 3, 16)
     assert_same_batches(train_batches(digits_config(data_dir, num_workers=1), 3, 16), in_process)
 
 
+@pytest.mark.slow
 def test_a_state_saved_with_worker_processes_resumes_exactly_without_them(data_dir):
     """The ImageNet configs run worker processes: their iterator state is the same small dict (batches built ahead
     are dropped and built again), so a run may resume with another number of workers."""
@@ -517,6 +524,7 @@ def test_no_mixing_returns_the_images_and_hand_computed_smoothed_one_hot():
     assert targets.dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_mixup_and_cutmix_targets_sum_to_one_and_match_the_mixed_pixels():
     b, k = 4, 4
     images = jnp.broadcast_to(jnp.arange(b, dtype=jnp.float32)[:, None, None, None], (b, 16, 16, 3))

@@ -17,6 +17,7 @@ def jpeg_config(num_workers, interpolation="bicubic"):
     return cfg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])  # bilinear: TensorFlow in the worker process
 def test_batches_cross_the_worker_boundary_as_uint8_and_are_normalised_after_it(interpolation):
     it = data.make_train_iterator(jpeg_config(0, interpolation), global_batch_size=8, seed=1, process_index=0,
@@ -49,13 +50,13 @@ with data.make_eval_iterator(cfg, global_batch_size=16, process_index=0, process
 """
 
 
+@pytest.mark.slow
 def test_a_finished_eval_pass_through_a_worker_leaves_no_shared_memory_behind():
-    # The last batch grain handed over sat in a reference cycle past the end of the pass, and grain unlinks segments
-    # on a background thread that the interpreter's exit can cut short: the resource tracker warned "There appear to
-    # be 3 leaked shared_memory objects" (one per array of the batch) at the end of runs that evaluated with workers,
-    # in 3 of 5 runs of this script before the fix. Run as `python -c` (as here) it showed more often than as a file.
-    # Since the fix one object still leaks now and then (1 of 8 runs and 1 of 16 on 2026-12-02, AMD EPYC, cause not
-    # found), so a warning is retried once: the test fails when two runs in a row warn (every run before the fix).
+    # Without the pipeline's clean-up, the last batch grain handed over sits in a reference cycle past the end of the
+    # pass and grain unlinks segments on a background thread that the interpreter's exit can cut short: the resource
+    # tracker warns "There appear to be 3 leaked shared_memory objects" (one per array of the batch) in most runs of
+    # this script (more often run as `python -c`, as here, than as a file). With it one object still leaks now and
+    # then (cause not found), so a warning is retried once: the test fails when two runs in a row warn.
     import subprocess
     import sys
 

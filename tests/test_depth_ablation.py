@@ -35,6 +35,7 @@ def read_rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_results_csv_has_one_well_formed_row_per_run(sweep):
     out, _, paths = sweep
     rows = read_rows(paths["csv"])
@@ -46,6 +47,7 @@ def test_results_csv_has_one_well_formed_row_per_run(sweep):
         assert 0.0 <= float(row["final_test_accuracy"]) <= float(row["best_test_accuracy"]) <= 1.0
 
 
+@pytest.mark.slow
 def test_a_diverging_run_is_recorded_as_diverged_not_raised(sweep):
     _, lines, paths = sweep
     by_scheme = {r["scheme"]: r for r in read_rows(paths["csv"])}
@@ -177,6 +179,7 @@ def test_each_table_names_the_command_that_produced_it(sweep, tmp_path):
         assert "Command: `pytest`" in f.read()
 
 
+@pytest.mark.slow
 def test_a_table_never_averages_learning_rates_and_per_scheme_rates_report_apart(sweep, tmp_path):
     """Runs at another rate beside the grid's (what ``--per_scheme_lr`` adds to ``OUT/runs``) are kept out of the
     shared-rate table, reported on their own in ``report_dir``, and a column mixing rates is an error."""
@@ -490,6 +493,7 @@ def test_the_final_runs_of_the_per_depth_choice_come_first_and_a_shared_run_is_t
         (0, 6, "layerscale", 1e-2), (1, 6, "layerscale", 1e-2)]
 
 
+@pytest.mark.slow
 def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):
     """budget → rates → final on 2 columns × 2 depths (× 2 seeds for the final runs): selection runs train on
     train_without_validation and record val_* only; final runs train on train and record test_*; every output is
@@ -554,6 +558,7 @@ def test_the_imagenet_cost_from_a_measured_step_is_images_over_throughput_linear
         da.main(["--imagenet_commands", "gs://b/r", "--imagenet_step_json", str(path)])
 
 
+@pytest.mark.slow
 def test_every_imagenet_command_parses_to_its_cell():
     from layerscale_jax.train.__main__ import parse_command_line
     commands = da.imagenet_commands("gs://bucket/ablation", seeds=(0, 1))
@@ -572,6 +577,7 @@ def test_every_imagenet_command_parses_to_its_cell():
     assert da.imagenet_node_hours() == pytest.approx(8 * 90 * 53 * 292 / 940 / 12)
 
 
+@pytest.mark.slow
 def test_an_imagenet_command_trains_its_first_steps_on_fake_tfds_data(tmp_path):
     """The ImageNet-scale command of one cell (DeiT III-S at depth 12, ReZero without warm-up), run in this
     process on mock TFDS imagenet2012 records (random JPEGs; ``tfds.testing.mock_data``), with only the sizes

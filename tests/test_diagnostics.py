@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from layerscale_jax.models import create_model
 from layerscale_jax.models.layout import convert_layout
-from layerscale_jax.train.sharding import batch_sharding, make_mesh
+from layerscale_jax.train.sharding import DEFAULT_RULES, batch_sharding, make_mesh
 from layerscale_jax.train.diagnostics import branch_diagnostics, make_diagnostics_fn, to_floats
 
 TINY = dict(img_size=8, patch_size=4, in_chans=1, embed_dim=16, num_heads=2, num_classes=3, depth=2)
@@ -32,6 +32,7 @@ def diagnostics_of(model, data):
     return to_floats(jax.jit(lambda p, b: branch_diagnostics(graphdef, p, b))(params, data))
 
 
+@pytest.mark.slow
 def test_scale_is_the_mean_absolute_lambda_of_each_block_and_branch():
     diag = diagnostics_of(model_with_distinct_scales(), batch())
     mean_abs = np.mean(np.abs(np.linspace(-1.0, 1.0, 16)))
@@ -40,6 +41,7 @@ def test_scale_is_the_mean_absolute_lambda_of_each_block_and_branch():
         assert diag[f"diag/blocks.{i}.mlp.scale"] == pytest.approx(0.25 * (i + 1), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_ratio_is_the_scaled_branch_norm_over_the_stream_norm_it_joins():
     model = model_with_distinct_scales()
     data = batch()
@@ -53,6 +55,7 @@ def test_ratio_is_the_scaled_branch_norm_over_the_stream_norm_it_joins():
     assert diag["diag/blocks.0.attn.ratio"] == pytest.approx(np.linalg.norm(branch) / np.linalg.norm(x), rel=1e-4)
 
 
+@pytest.mark.slow
 def test_grad_norm_is_the_norm_of_each_blocks_cross_entropy_gradient():
     model = model_with_distinct_scales()
     data = batch()
@@ -71,6 +74,7 @@ def test_grad_norm_is_the_norm_of_each_blocks_cross_entropy_gradient():
     assert diag["diag/loss"] == pytest.approx(float(loss(params)), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_scanned_and_unrolled_layouts_give_the_same_diagnostics():
     model = model_with_distinct_scales()
     unrolled = diagnostics_of(model, batch())
@@ -80,6 +84,7 @@ def test_scanned_and_unrolled_layouts_give_the_same_diagnostics():
         assert scanned[key] == pytest.approx(unrolled[key], rel=1e-4, abs=1e-7), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, scale_keys", [("none", 0), ("rezero", 4), ("skipinit", 4)])
 def test_every_scheme_reports_ratios_and_grad_norms_and_its_scales(kind, scale_keys):
     """ReZero's one α per block is reported for both branches; `none` has no scale."""
@@ -91,6 +96,7 @@ def test_every_scheme_reports_ratios_and_grad_norms_and_its_scales(kind, scale_k
         assert diag["diag/blocks.1.mlp.ratio"] == 0.0
 
 
+@pytest.mark.slow
 def test_cait_reports_its_class_attention_blocks_too():
     model = create_model("cait_xxs24_224", depth_token_only=1, **TINY)
     diag = diagnostics_of(model, batch())
@@ -98,14 +104,16 @@ def test_cait_reports_its_class_attention_blocks_too():
             "diag/blocks_token_only.0.mlp.scale"} <= set(diag)
 
 
+@pytest.mark.slow
 def test_jitted_on_a_mesh_the_outputs_are_replicated_on_every_device():
     mesh = make_mesh({"data": -1})                              # the train loop's mesh (Auto axes)
     model = model_with_distinct_scales()
     graphdef, params = nnx.split(model, nnx.Param)
     replicated = NamedSharding(mesh, P())
     params = jax.device_put(params, replicated)
-    data = jax.device_put(batch(len(jax.devices())), batch_sharding(mesh))
-    out = make_diagnostics_fn(graphdef, mesh)(params, data)
+    rows = {"image": batch_sharding(mesh), "label": batch_sharding(mesh)}
+    data = jax.device_put(batch(len(jax.devices())), rows)
+    out = make_diagnostics_fn(graphdef, mesh, replicated, rows, DEFAULT_RULES)(params, data)
     assert all(v.sharding.is_fully_replicated for v in out.values())
     local = diagnostics_of(model, batch(len(jax.devices())))
     for key, value in to_floats(out).items():

@@ -1,4 +1,4 @@
-"""The faster JPEG train path (issue 24) keeps the augmentation statistics of decoding in full, then cropping.
+"""The JPEG train path that decodes at a reduced size keeps the augmentation statistics of a full decode, then crop.
 
 Acceptance, stated here and in docs: the crop box of every image is the same (same generator -> same box, so the
 scale / aspect-ratio distributions are identical, not merely close); a crop that cannot be decoded at a reduced
@@ -25,7 +25,7 @@ def jpeg_pool(shape, n=4):
 
 
 def reference_crop(raw, size, rng):
-    """The path before issue 24: decode the whole JPEG, then crop and resize."""
+    """The reference path: decode the whole JPEG, then crop and resize."""
     return transforms.random_resized_crop(transforms.decode_image(raw, 3), size, SCALE, rng)
 
 
@@ -65,6 +65,7 @@ def test_dct_scale_is_the_largest_power_of_two_that_keeps_the_crop_at_least_the_
         1, 2, 4, 8]
 
 
+@pytest.mark.slow
 def test_dct_scaled_crops_are_decoded_scaled_and_stay_within_the_stated_bound(monkeypatch):
     from PIL import JpegImagePlugin
 
@@ -126,7 +127,7 @@ def deit3_config(jpeg_shape, size):
 
 
 def test_deit3_train_batch_is_bit_identical_to_the_full_decode_reference():
-    """The whole per-image stage against the path before issue 24: full decode, crop, numpy flip, 3-Augment and
+    """The whole per-image stage against the reference path: full decode, crop, numpy flip, 3-Augment and
     ImageEnhance jitter with PIL, float32 normalisation."""
     cfg = deit3_config((40, 56), 24)
     it = data.make_train_iterator(cfg, global_batch_size=16, seed=3, process_index=0, process_count=1)
@@ -185,6 +186,7 @@ def test_a_png_record_is_decoded_in_full_then_cropped():
     np.testing.assert_array_equal(ours, transforms.random_resized_crop(image, 24, SCALE, np.random.default_rng(5)))
 
 
+@pytest.mark.slow
 def test_progress_line_shows_the_time_the_loop_waited_for_input_per_step(tmp_path, monkeypatch, capsys):
     import importlib.util
     import os

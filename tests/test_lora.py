@@ -32,6 +32,7 @@ def images(n=4):
     return jax.random.normal(jax.random.key(7), (n, 8, 8, 1))
 
 
+@pytest.mark.slow
 def test_b_starts_at_zero_so_the_adapted_model_equals_the_base():
     model = tiny()
     model.eval()
@@ -40,6 +41,7 @@ def test_b_starts_at_zero_so_the_adapted_model_equals_the_base():
     np.testing.assert_array_equal(model(images()), before)
 
 
+@pytest.mark.slow
 def test_merged_outputs_equal_unmerged_outputs_and_unmerge_restores_the_base():
     model = tiny()
     base_kernel = np.asarray(model.blocks[1].mlp.fc2.kernel[...])
@@ -56,6 +58,7 @@ def test_merged_outputs_equal_unmerged_outputs_and_unmerge_restores_the_base():
     np.testing.assert_allclose(model(images()), unmerged, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_scanned_and_unrolled_adapters_give_the_same_outputs_with_dropout():
     unrolled = tiny()
     scanned = convert_layout(tiny(), scan_layers=True)
@@ -74,6 +77,7 @@ def test_scanned_and_unrolled_adapters_give_the_same_outputs_with_dropout():
     np.testing.assert_allclose(scanned(images()), unrolled(images()), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_the_frozen_base_has_no_optimizer_state_and_does_not_change_over_steps(scan_layers):
     model = tiny(scan_layers)
@@ -162,6 +166,7 @@ def test_adapter_axes_follow_their_kernel_for_sharding():
     assert flat["blocks/mlp/fc2/lora_b"] == ("layers", None, "embed")
 
 
+@pytest.mark.slow
 def test_adapters_save_and_load_alone(tmp_path):
     model = tiny()
     lora.add_adapters(model, rank=2, alpha=4.0)
@@ -195,6 +200,7 @@ def _tiny_finetune_config(finetune, **lora_fields):
     return config
 
 
+@pytest.mark.slow
 def test_the_trainer_in_lora_mode_keeps_the_base_and_gives_it_no_optimizer_state():
     from layerscale_jax import data as data_lib
     from layerscale_jax.train import loop as loop_lib

@@ -59,6 +59,7 @@ def test_each_sample_gets_its_own_mask_and_restore_undoes_the_shuffle():
     assert not np.array_equal(mask, np.asarray(mae_lib.random_masking(jax.random.key(1), 512, 16, 0.75)[1]))
 
 
+@pytest.mark.slow
 def test_the_encoder_sees_only_visible_patches_and_the_loss_counts_only_masked_ones():
     model = tiny_mae()
     model.eval()
@@ -124,6 +125,7 @@ def test_init_from_another_architecture_lists_every_mismatched_parameter(tmp_pat
     assert "hint: the source has embed_dim=16, the model embed_dim=32" in message
 
 
+@pytest.mark.slow
 def test_mae_pretraining_runs_in_the_train_loop_on_a_sharded_mesh(tmp_path, capsys):
     """Masking, the encoder on visible patches and the loss under data parallelism; the evaluation writes the
     reconstruction PNG and the results carry the reconstruction loss."""

@@ -151,6 +151,7 @@ def test_parameter_count_matches_timm(name, expected, overrides):
     assert count_params(name, **overrides) == expected
 
 
+@pytest.mark.slow
 def test_eval_shape_of_a_632m_parameter_model_allocates_nothing():
     live_before = sum(a.nbytes for a in jax.live_arrays())
     model = nnx.eval_shape(lambda: create_model("deit3_huge_patch14_224", rngs=nnx.Rngs(0)))
@@ -215,16 +216,19 @@ def deep_tiny(branch_scaling):
     return convert_layout(unrolled, scan_layers=True)
 
 
+@pytest.mark.slow
 def test_deep_layerscale_stack_is_near_identity_at_init(images):
     """Depth 48, ε = 1e-6: the block stack changes its input tokens by a relative norm below 1e-3."""
     assert stack_relative_change(deep_tiny("layerscale"), images) < 1e-3
 
 
+@pytest.mark.slow
 def test_deep_plain_prenorm_stack_is_far_from_identity_at_init(images):
     """The same stack without branch scaling moves the tokens a lot (so the test above is not vacuous)."""
     assert stack_relative_change(deep_tiny("none"), images) > 1e-2
 
 
+@pytest.mark.slow
 def test_every_layer_and_channel_of_lambda_gets_its_own_gradient(deit3_layouts):
     grads = deit3_layouts["scanned"]["grads"]["blocks"]
     for ls in ("ls1", "ls2"):
@@ -346,6 +350,7 @@ def test_bfloat16_compute_runs_every_matmul_in_bfloat16(bf16_model):
 # ---------------------------------------------------------------------------------------------------------------
 # Depth at scale: scanned layout, layout conversion, remat, stochastic depth
 # ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_scanned_blocks_stack_every_parameter_on_a_leading_layer_axis(layouts):
     stacked = pure(nnx.state(layouts["scanned"]["model"].blocks, nnx.Param))
     assert {leaf.shape[0] for leaf in jax.tree.leaves(stacked)} == {DEPTH}
@@ -373,6 +378,7 @@ def test_remat_cases_cover_every_named_policy():
     assert {policy for _, policy in REMAT_CASES} == set(REMAT_POLICIES) - {"none"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout, policy", REMAT_CASES)
 def test_remat_gives_the_same_gradients_as_no_remat(deit3_layouts, images, targets, layout, policy):
     model = deit3_layouts[layout]["model"]
@@ -487,6 +493,7 @@ def test_importing_the_package_does_not_import_tensorflow():
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_model_optimizer_bench_and_convert_code_needs_no_data_or_config_stack():
     """The GPU machine has jax, flax, optax and orbax but no TensorFlow, TFDS, grain or ml_collections: the model,
     optimizer, benchmark and conversion code imports and builds a model without them."""

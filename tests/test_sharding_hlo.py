@@ -82,7 +82,7 @@ def test_tensor_parallel_attention_is_split_by_heads(heads, dim, tensor):
 
 @pytest.mark.parametrize("scan_layers", [False, True], ids=["layers", "scanned"])
 def test_tensor_size_that_would_split_a_head_is_refused_naming_the_model_and_the_sizes_that_work(scan_layers):
-    """DeiT-S's 6 heads on tensor=4 would all-gather every block's qkv activations (issue 20)."""
+    """DeiT-S's 6 heads on tensor=4 would all-gather every block's qkv activations."""
     with pytest.raises(ValueError, match=r"^model deit3_small_patch16_224: num_heads=6 \(blocks.attn\) is not "
                                          r"divisible by train.mesh.tensor=4 .* this model: 1, 2, 3, 6$"):
         trainer_for({"data": 1, "fsdp": 1, "tensor": 4}, heads=6, dim=96, scan_layers=scan_layers)

@@ -263,7 +263,7 @@ def test_a_failed_async_save_is_not_ignored(tmp_path, monkeypatch):
         loop_lib.train_and_evaluate(config(), str(tmp_path / "async"))
 
 
-# -- the seal: written as part of finishing a step, checked before a step is trusted (issue 22 item 2) -------------
+# -- the seal: written as part of finishing a step, checked before a step is trusted -----------------------------------
 
 def test_each_step_is_sealed_before_orbax_commits_it(tmp_path, monkeypatch):
     """The seal is written while the step is still orbax's temporary directory, so no committed step lacks one."""

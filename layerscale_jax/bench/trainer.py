@@ -1,4 +1,4 @@
-"""The trainer's own step and optimizer against the model-only step and plain optax AdamW (issue 16); the training
+"""The trainer's own step and optimizer against the model-only step and plain optax AdamW; the training
 stack (ml_collections, the data package) imported lazily. The reference update, on the same parameters:
 
     optax.chain(optax.clip_by_global_norm(c), optax.adamw(schedule, b1, b2, eps, weight_decay=wd))

@@ -18,9 +18,9 @@ the mesh's device order change nothing. (Mixup/CutMix run later, inside the jitt
 
 Execution. `grain.MapDataset.range(j0, ...).map(batch_fn)` -> `to_iter_dataset` (prefetch threads) -> optional
 `mp_prefetch` (worker processes) -> `_Normalize`. One grain element is one batch: records are read in a batch read,
-fixed-size work is vectorised in numpy over the batch, and grain's per-element overhead (~0.2 ms, measured) is paid
-once per batch rather than once per image. (`grain.DataLoader` with an `IndexSampler` pays it per image, which caps
-it near 5k images/s even with no-op transforms on this machine: too slow for `digits`.) Batches stay uint8 until
+fixed-size work is vectorised in numpy over the batch, and grain's per-element overhead is paid once per batch
+rather than once per image. (`grain.DataLoader` with an `IndexSampler` pays it per image, which caps its throughput
+even with no-op transforms: too slow for `digits`.) Batches stay uint8 until
 `_Normalize`, which runs after the worker-process boundary (in a prefetch thread of the calling process), so a
 worker hands over a quarter of the bytes through shared memory, and the float32 batch is written once, into an
 ordinary array (no copy out of shared memory).

@@ -22,16 +22,14 @@ Structure — ``optax.partition`` (``multi_transform``) with two labels, then a 
 parameter stacked for ``jax.lax.scan`` (``s_i`` for layer i, 0 for a frozen layer). The two layouts therefore give
 the same updates for the same weights and gradients.
 
-Why one base optimizer and a multiplier instead of one ``optax.partition`` label per layer group (this module's
-first design, and the usual way to write layer decay in optax): ``optax.partition`` wraps each label's chain in
-``optax.masked``, whose state mirrors the *whole* parameter tree with an ``optax.MaskedNode`` at every leaf outside
-the label. With one label per group the optimizer state therefore has ``O(groups × leaves)`` pytree nodes — with
-unrolled layers both grow with depth: 8.9k nodes at depth 12, 122k at depth 48 for 1.4k arrays — and every call of the
-jitted step flattens and rebuilds that tree on the host (17 ms at depth 12, 0.4 s at depth 48 on the 2-core development
-CPU), which made the update cost 14–31× a plain ``optax.adamw`` in the trainer (issue 16). The compiled XLA program was
-never the problem (the same operation count within 3%); each group only added its own step count, bias corrections and
-schedule evaluation. The multiplier gives the same numbers, because every base transformation here acts per
-parameter tensor before the learning rate is applied:
+Why one base optimizer and a multiplier instead of one ``optax.partition`` label per layer group (the usual way to
+write layer decay in optax): ``optax.partition`` wraps each label's chain in ``optax.masked``, whose state mirrors
+the *whole* parameter tree with an ``optax.MaskedNode`` at every leaf outside the label. With one label per group the
+optimizer state has ``O(groups × leaves)`` pytree nodes — with unrolled layers both grow with depth (8.9k nodes at
+depth 12, 122k at depth 48 for 1.4k arrays) — and every call of the jitted step flattens and rebuilds that tree on
+the host, a cost quadratic in depth while the compiled program stays about the same size. The multiplier
+gives the same numbers, because every base transformation here acts per parameter tensor before the learning rate
+is applied:
 
     Adam / AdamW:  u = m̂ / (√v̂ + eps) + wd · w        elementwise in (g, w) — a per-tensor factor s_i commutes
     SGD:           u = trace(g + wd · w)                elementwise
@@ -39,7 +37,7 @@ parameter tensor before the learning rate is applied:
                                                         before ``s_i`` is applied, exactly as within one group
 
 and the step count, hence the bias correction and ``lr(t)``, is the same in every group. Global-norm clipping
-happens before the partition in both designs. The cost is now one base optimizer over the parameter tree plus at
+happens before the partition in both designs. The cost is one base optimizer over the parameter tree plus at
 most one multiply per leaf, which XLA fuses into the update, and a state with two step counts besides the moments:
 linear in depth and as fast as ``optax.chain(optax.clip_by_global_norm(c), optax.adamw(...))`` (measured by
 ``python -m layerscale_jax.bench optimizer``; ``tests/test_optim_cost.py`` checks that the state's tree and the

@@ -11,6 +11,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from layerscale_jax.models import groups
 from layerscale_jax.optim.transforms import along_layers, lookup
@@ -19,7 +20,8 @@ LossAndGradFn = Callable[..., tuple[tuple[jax.Array, Any], Any]]
 
 
 def _tree_norm(tree) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+    """The global L2 norm, accumulated in float32."""
+    return optax.tree.norm(jax.tree.map(lambda x: x.astype(jnp.float32), tree))
 
 
 # ASAM's normalisation operator T_w applies to the parameters PyTorch calls ``weight`` (the official code tests

@@ -78,19 +78,16 @@ def scale_by_multiplier(multipliers: Table) -> optax.GradientTransformation:
 
 
 def add_weight_decay(rate: float, decays: Table) -> optax.GradientTransformation:
-    """``u + rate · w`` for the parameters whose ``decays`` entry is true (before the learning rate is applied, so
-    the decay is scaled by ``lr · layer scale`` as torch's AdamW does)."""
+    """``u + rate · w`` for the parameters whose ``decays`` entry is true (``optax.add_decayed_weights`` with that
+    mask; before the learning rate is applied, so the decay is scaled by ``lr · layer scale`` as torch's AdamW
+    does)."""
 
-    def update_fn(updates, state, params=None):
+    def mask(params):
         if params is None:
             raise ValueError("weight decay needs the parameters: call tx.update(grads, state, params)")
+        return _map(lambda path, w: bool(lookup(decays, path, "add_weight_decay")), params)
 
-        def apply(path, u, w):
-            return u + rate * w.astype(u.dtype) if lookup(decays, path, "add_weight_decay") else u
-
-        return _map(apply, updates, params), state
-
-    return _stateless(update_fn)
+    return optax.add_decayed_weights(rate, mask=mask)
 
 
 def scale_by_trust_ratio(adapt: Table, stacked: Table) -> optax.GradientTransformation:

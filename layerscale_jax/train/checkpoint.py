@@ -325,7 +325,9 @@ class Checkpointer:
 
     # -- save / restore -----------------------------------------------------------------------------------------
     def save(self, step: int, state: dict, data_state: Any, config_json: dict, *,
-             metrics: dict[str, float] | None = None, window: list[dict] | None = None, force: bool = False) -> None:
+             metrics: dict[str, float] | None = None, window: list[dict] | None = None) -> None:
+        """Save ``step`` whenever called (the loop decides when). The write finishes in the background; a failure
+        raises ``CheckpointSaveError`` here or at the next ``save`` / ``wait``."""
         if not all_finite(state["params"]):
             raise NonFiniteStateError(f"refusing to save a non-finite state at step {step}")
         self.wait()                                 # the previous async save: a failure of it names its own step
@@ -341,7 +343,7 @@ class Checkpointer:
             self.manager.save(
                 step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                               config=ocp.args.JsonSave(config_json)),
-                metrics=metrics, force=force)
+                metrics=metrics, force=True)
         except Exception as err:
             release_waiting_save_threads()
             raise self._save_error(step, err) from err
@@ -364,11 +366,10 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def restore(self, abstract_state: dict, step: int | None = None):
-        """``(step, state, data_state, window)`` from the newest usable checkpoint (or ``step``), or None if there
-        is no checkpoint at all. Every process restores the same step."""
-        steps = sorted(self.manager.all_steps(), reverse=True) if step is None else [step]
-        candidates = broadcast_from_primary(steps)
+    def restore(self, abstract_state: dict):
+        """``(step, state, data_state, window)`` from the newest usable checkpoint, or None if there is no checkpoint
+        at all. Every process restores the same step."""
+        candidates = broadcast_from_primary(sorted(self.manager.all_steps(), reverse=True))
         for candidate in candidates:
             reason = self._verify(candidate)
             if reason is None:

@@ -27,6 +27,7 @@ arrays; ``to_floats`` turns them into one float per layer, named
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -34,12 +35,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 from layerscale_jax.models import groups
+from layerscale_jax.train import sharding as shard_lib
 
 BRANCHES = ("attn", "mlp")
 BLOCK_GROUPS = ("blocks", "blocks_token_only")
 
 
 def _hard_label_loss(logits: jnp.ndarray, labels: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
+    # Hand-written rather than optax's cross-entropies: with integer labels optax's differs in the last bits, and
+    # with one-hot labels the diagnostics' compiled loss did (diag/loss of the committed study records).
     nll = -jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)), labels[:, None], axis=-1)[:, 0]
     if mask is None:
         return jnp.mean(nll)
@@ -113,15 +117,12 @@ def branch_diagnostics(graphdef, params, batch: dict) -> dict[str, jax.Array]:
     return out
 
 
-def make_diagnostics_fn(graphdef, mesh=None, param_sharding=None, batch_sharding=None) -> Callable:
-    """``branch_diagnostics`` jitted as ``fn(params, batch)``; with a ``mesh`` its outputs are replicated over it
-    (every process holds every value) and the inputs take ``param_sharding`` / ``batch_sharding`` if given."""
-    fn = lambda params, batch: branch_diagnostics(graphdef, params, batch)  # noqa: E731
-    if mesh is None:
-        return jax.jit(fn)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    in_shardings = None if param_sharding is None else (param_sharding, batch_sharding)
-    return jax.jit(fn, in_shardings=in_shardings, out_shardings=replicated)
+def make_diagnostics_fn(graphdef, mesh, param_sharding, batch_sharding, rules) -> Callable:
+    """``branch_diagnostics`` jitted as ``fn(params, batch)`` on ``mesh``, as the train step is: the inputs take
+    ``param_sharding`` / ``batch_sharding``, the activations follow the sharding ``rules``, and the outputs are
+    replicated (every process holds every value)."""
+    fn = shard_lib.with_activation_sharding(functools.partial(branch_diagnostics, graphdef), mesh, rules)
+    return jax.jit(fn, in_shardings=(param_sharding, batch_sharding), out_shardings=shard_lib.replicated(mesh))
 
 
 def to_floats(diagnostics: dict[str, Any]) -> dict[str, float]:

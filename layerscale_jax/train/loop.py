@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -36,7 +35,7 @@ from layerscale_jax.train.workdir_lock import WorkdirLock
 from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, gather_from_all, to_jsonable
 from layerscale_jax.train.config import (DEFAULT_CACHE_DIR, model_overrides, validate_experiment_config,
                                          validate_train_config)
-from layerscale_jax.train.diagnostics import branch_diagnostics, to_floats
+from layerscale_jax.train.diagnostics import make_diagnostics_fn, to_floats
 from layerscale_jax.train.metrics import MetricsWriter
 from layerscale_jax.train.step import init_train_state, make_eval_step, make_train_step
 
@@ -191,12 +190,8 @@ def create_trainer(config, mesh, info=None) -> Trainer:
                                                            tc.sharding_rules),
                         in_shardings=(param_sharding, eval_batch_sharding),
                         out_shardings=shard_lib.replicated(mesh))
-    diagnostics = None
-    if task.uses_labels:
-        diagnostics = jax.jit(
-            shard_lib.with_activation_sharding(functools.partial(branch_diagnostics, graphdef_train), mesh,
-                                               tc.sharding_rules),
-            in_shardings=(param_sharding, batch_sharding), out_shardings=shard_lib.replicated(mesh))
+    diagnostics = (make_diagnostics_fn(graphdef_train, mesh, param_sharding, batch_sharding, tc.sharding_rules)
+                   if task.uses_labels else None)
     return Trainer(config, mesh, info, make_model, abstract_model, graphdef_train, bundle, param_sharding, shardings,
                    abstract_sharded, init_fn, train_step, eval_step, task=task, graphdef_eval=graphdef_eval,
                    optim_config=optim_config, diagnostics=diagnostics)
@@ -403,8 +398,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
         if nonfinite and tc.nonfinite == "raise":
             raise NonFiniteError(_nonfinite_message(step, checkpointer))
         writer.flush()                         # the records up to `step` are in metrics.jsonl before its checkpoint
-        checkpointer.save(step, state, train_iter.get_state(), config_json, metrics=metrics, window=window,
-                          force=True)
+        checkpointer.save(step, state, train_iter.get_state(), config_json, metrics=metrics, window=window)
         last_saved[0] = step
 
     try:

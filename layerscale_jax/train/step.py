@@ -31,7 +31,7 @@ from flax import nnx
 
 from layerscale_jax import optim
 from layerscale_jax.data import mixup_cutmix
-from layerscale_jax.train.tasks import ClassificationTask, cross_entropy  # noqa: F401 - cross_entropy re-exported
+from layerscale_jax.train.tasks import ClassificationTask
 
 
 

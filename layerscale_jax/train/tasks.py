@@ -21,17 +21,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
 from layerscale_jax.models.mae import MaskedAutoencoder
 
 EVAL_MASK_SEED = 20211111
 RECONSTRUCTION_IMAGES = 8       # examples shown in reconstructions.png
-
-
-def cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray) -> jnp.ndarray:
-    """Per-example cross-entropy against soft targets ``(batch, classes)``; float32."""
-    return -jnp.sum(targets * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
 
 
 def metric_prefix(eval_split: str) -> str:
@@ -51,14 +47,14 @@ class ClassificationTask:
 
     def loss(self, model, images, targets, key):
         logits = model(images, key=key)
-        loss = cross_entropy(logits, targets).mean()
+        loss = optax.softmax_cross_entropy(logits.astype(jnp.float32), targets).mean()
         return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == jnp.argmax(targets, -1))}
 
     def eval_sums(self, model, batch: dict) -> dict[str, Any]:
         logits = model(batch["image"])
         labels = batch["label"]
         mask = batch["mask"].astype(jnp.float32)
-        loss = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=-1)[:, 0]
+        loss = optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1]))
         correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
         return {"loss_sum": jnp.sum(loss * mask), "correct": jnp.sum(correct * mask), "count": jnp.sum(mask)}
 
