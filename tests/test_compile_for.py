@@ -232,3 +232,12 @@ def test_the_does_not_fit_line_names_the_numbers_and_the_accumulation_that_would
     assert "--config.optim.accum_steps=2 keeps the global batch" in line
     hopeless = does_not_fit(config, parse_target("v5e-16"), 40 * GiB, 16 * GiB, "in all", 128, 30 * GiB, -1 * GiB)
     assert "not even one image per chip would fit as it is" in hopeless and "accum_steps" not in hopeless
+
+
+def test_the_docs_chip_table_is_the_code_s():
+    with open(os.path.join(ROOT, "docs", "multihost.md")) as f:
+        text = f.read()
+    for key, chip in CHIPS.items():
+        row = (f"| {chip.name} (`{key}`) | {chip.hbm_bytes / GiB:.0f} GiB | {chip.peak_bf16_flop_per_s / 1e12:,.0f} "
+               f"TFLOP/s | {chip.hbm_bytes_per_s / 1e9:,.0f} GB/s | {chip.source} |")
+        assert row in text, row

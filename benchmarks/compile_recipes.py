@@ -1,0 +1,159 @@
+"""Will each committed pod recipe fit? Every recipe compiled for its stated target by the target's own compiler on
+this machine (``train.compile_for``): per-chip HBM used, FLOPs per step, roofline bound, compile time.
+
+    python benchmarks/compile_recipes.py [--only ID ...] [--jobs N] [--out FILE]
+
+Writes ``benchmarks/results/compile_recipes_<cpu>_<date>.json`` and prints the markdown table of docs/multihost.md
+("Will it fit?"). Compiles are CPU work, one recipe per process (``--jobs`` at a time); nothing runs on an
+accelerator.
+``RECIPES`` is also what ``tests/test_pod_recipes.py`` compiles: the commands of docs/multihost.md and the
+``configs/imagenet_*.py`` recipes, each with the target it is written for.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    id: str
+    config: str                      # configs/NAME.py[:arg]
+    target: str
+    overrides: tuple[str, ...] = ()  # --config.X=V as the docs write them
+    kinds: tuple[str, ...] = ()      # collective kinds the compiled train step must contain (besides a gradient
+                                     # reduction, all-reduce or reduce-scatter, which every recipe has)
+    where: str = ""                  # where the recipe is written
+
+    @property
+    def command(self) -> str:
+        return " ".join(["python -m layerscale_jax.train --config", self.config, *self.overrides,
+                         "--compile_for", self.target])
+
+
+RECIPES = (
+    Recipe("deit3_b_v5e-256", "configs/imagenet_deit3.py:variant=B", "v5e-256", kinds=("all-reduce",),
+           where="configs/imagenet_deit3.py (mesh data=1, fsdp=-1)"),
+    Recipe("deit3_b_v5e-32_pod_command", "configs/imagenet_deit3.py:variant=B", "v5e-32",
+           ("--config.train.mesh.data=-1", "--config.train.mesh.fsdp=8"),
+           where="docs/multihost.md, a TPU pod slice"),
+    Recipe("deit3_b_2xv5e-256_multislice", "configs/imagenet_deit3.py:variant=B", "2xv5e-256",
+           ("--config.train.mesh.dcn_data=2", "--config.train.mesh.data=1", "--config.train.mesh.fsdp=-1"),
+           kinds=("all-reduce",), where="docs/multihost.md, Multi-slice meshes"),
+    Recipe("cait_s36_v4-128", "configs/imagenet_cait.py:variant=s36", "v4-128",
+           where="configs/imagenet_cait.py"),
+    Recipe("mae_b_v5p-128", "configs/imagenet_mae.py:variant=B", "v5p-128",
+           where="configs/imagenet_mae.py"),
+)
+# Deliberately too big: DeiT III-H/14 at the recipe's batch on 16 v5e chips (the --fit example of the docs).
+OVERSIZE = Recipe("deit3_h_v5e-16_oversize", "configs/imagenet_deit3.py:variant=H", "v5e-16",
+                  where="docs/multihost.md, Will it fit? (--fit example)")
+
+
+def load(recipe: Recipe):
+    """The recipe's config, loaded and overridden as the command line would."""
+    from layerscale_jax.train.__main__ import parse_command_line
+    parsed = parse_command_line(["--config", recipe.config, *recipe.overrides, "--compile_for", recipe.target])
+    return parsed["config"].value
+
+
+def compile_row(recipe: Recipe) -> dict:
+    """The recipe's report as a dict (``CompileReport.to_json``), or its one-line error when it does not fit."""
+    from layerscale_jax.train.compile_for import DoesNotFit, compile_for
+    start = time.perf_counter()
+    row = {"id": recipe.id, "command": recipe.command, "where": recipe.where, "target": recipe.target}
+    try:
+        report = compile_for(load(recipe), recipe.target)
+        print(report.format(), file=sys.stderr, flush=True)
+        row.update(report.to_json())
+    except DoesNotFit as err:
+        row.update(fits=False, error=str(err))
+    row["wall_s"] = time.perf_counter() - start
+    return row
+
+
+def run_worker(recipe: Recipe) -> dict:
+    """``compile_row`` in a fresh process (libtpu's compiles hold their memory until the process ends)."""
+    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--only", recipe.id],
+                            capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    if result.returncode:
+        raise RuntimeError(f"{recipe.id}: {result.stderr[-3000:]}")
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    print(f"{recipe.id}: " + (f"{row['peak_bytes_per_chip'] / 2 ** 30:.2f} GiB per chip" if row["fits"]
+                              else row["error"]), flush=True)
+    return row
+
+
+def cpu_slug() -> str:
+    from layerscale_jax.bench.timing import cpu_model
+    words = re.sub(r"\(.*?\)|@.*|cpu|processor", " ", cpu_model().lower()).split()
+    return f"cpu{os.cpu_count()}-" + "-".join(words[:3])
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| recipe | target | mesh | per chip: batch, HBM used / HBM (GiB) | FLOPs / step | roofline step "
+             "bound (MFU ceiling) | compile (s) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mesh = " × ".join(str(v) for v in r["mesh"].values())
+        lines.append(f"| `{r['id']}` | {r['target']} | {mesh} | {r['per_chip_batch']}, "
+                     f"{r['peak_bytes_per_chip'] / 2 ** 30:.1f} / {r['hbm_per_chip'] / 2 ** 30:.0f} | "
+                     f"{r['flops_per_step']:.2e} | {r['step_time_lower_bound_s'] * 1e3:.0f} ms "
+                     f"({r['mfu_ceiling']:.2f}) | {sum(r['compile_seconds'].values()):.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", default=None, help="recipe ids (default: all)")
+    parser.add_argument("--jobs", type=int, default=1, help="recipes compiled at once, each in its own process")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)   # one recipe, its row on stdout
+    args = parser.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    sys.path.insert(0, REPO)
+    import jax
+
+    from layerscale_jax.bench.timing import cpu_family_model, cpu_model, load_average
+
+    chosen = [r for r in RECIPES + (OVERSIZE,) if not args.only or r.id in args.only]
+    if args.worker:
+        (recipe,) = chosen
+        print(json.dumps(compile_row(recipe)), flush=True)
+        return 0
+    load_before = load_average()
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(run_worker, chosen))
+    fitting = [r for r in rows if r["fits"]]
+    print(markdown(fitting))
+    stamp = datetime.date.today().isoformat()
+    out = args.out or os.path.join(REPO, "benchmarks", "results", f"compile_recipes_{cpu_slug()}_{stamp}.json")
+    with open(out, "w") as f:
+        json.dump({"date": stamp, "cpu": cpu_model(), "cpu_family_model": cpu_family_model(),
+                   "cpu_threads": os.cpu_count(), "jobs": args.jobs, "load_average_before": load_before,
+                   "load_average_after": load_average(), "jax": jax.__version__,
+                   "libtpu": _libtpu_version(), "rows": rows}, f, indent=1)
+    print(f"written {out}")
+    return 0
+
+
+def _libtpu_version() -> str | None:
+    from importlib import metadata
+    try:
+        return metadata.version("libtpu")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
