@@ -141,6 +141,7 @@ def test_targets_that_match_nothing_and_bad_ranks_are_refused_naming_them():
         lora.validate_config(bad)
 
 
+@pytest.mark.slow
 def test_a_target_matching_some_layers_of_a_stacked_kernel_freezes_the_others_at_zero():
     unrolled, scanned = tiny(), convert_layout(tiny(), scan_layers=True)
     targets = (r"blocks/1/mlp/fc1/kernel",)
@@ -246,6 +247,7 @@ def test_finetune_fields_are_checked_where_the_config_enters():
         validate_experiment_config(_tiny_finetune_config("lora", dropout=1.5))
 
 
+@pytest.mark.slow
 def test_merged_adapters_export_to_timm_through_the_heads_major_qkv_layout():
     from layerscale_jax.convert import from_timm, to_timm
 

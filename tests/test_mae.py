@@ -94,6 +94,7 @@ def test_a_mask_ratio_outside_the_open_unit_interval_is_refused(ratio):
         tiny_mae(mask_ratio=ratio)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("global_pool", ["token", "avg"])
 def test_the_encoder_loads_every_expected_parameter_into_a_classifier(tmp_path, global_pool):
     mae = tiny_mae(scan_layers=True)

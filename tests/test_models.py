@@ -356,6 +356,7 @@ def test_scanned_blocks_stack_every_parameter_on_a_leading_layer_axis(layouts):
     assert {leaf.shape[0] for leaf in jax.tree.leaves(stacked)} == {DEPTH}
 
 
+@pytest.mark.slow
 def test_layout_conversion_round_trips_the_weights(layouts):
     back = convert_layout(layouts["scanned"]["model"], scan_layers=False)
     unrolled = layouts["unrolled"]["model"]

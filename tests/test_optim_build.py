@@ -105,6 +105,7 @@ def test_one_step_equals_handwritten_adamw_with_per_layer_rates():
 
 # ---- both layouts give the same updates ---------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, optimizer", [("deit3_small_patch16_224", "adamw"), ("cait_xxs24_224", "lamb")])
 def test_unrolled_and_scanned_layouts_give_identical_updates(name, optimizer):
     unrolled, scanned = tiny(name), tiny(name, scan_layers=True)

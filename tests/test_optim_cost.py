@@ -15,6 +15,7 @@ import functools
 import jax
 import optax
 from flax import nnx
+import pytest
 
 from layerscale_jax import create_model, optim
 
@@ -43,6 +44,7 @@ def update_cost(depth: int, scan_layers: bool) -> dict:
             "ops": ops}
 
 
+@pytest.mark.slow
 def test_optimizer_state_tree_grows_like_the_parameter_leaves():
     low, high = (update_cost(d, False) for d in DEPTHS)
     leaf_ratio = high["leaves"] / low["leaves"]

@@ -72,6 +72,7 @@ def test_every_timm_parameter_is_covered_with_its_size(name, scan_layers):
         assert size == np.prod(ref[timm]["shape"]), timm
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scanned"])
 @pytest.mark.parametrize("convention", ["timm", "mae"])
 @pytest.mark.parametrize("name", MODELS)

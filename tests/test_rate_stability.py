@@ -120,6 +120,7 @@ def test_the_figure_draws_every_run_of_the_test(tmp_path):
     assert path.endswith("divergence.png") and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_a_run_cut_after_n_steps_is_the_first_n_steps_of_the_whole_schedule():
     tiny = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=8, evals=2, log_every=2)
     spec = da.RunSpec(1, "layerscale", True, 0, 5e-3, "rates", 8)

@@ -199,6 +199,7 @@ def test_interpolation_defaults_to_bicubic_and_a_bad_value_is_one_error_naming_f
         data.validate_data_config(cfg)
 
 
+@pytest.mark.slow
 def test_a_bilinear_crop_keeps_a_fresh_tensorflow_off_gpus_and_each_op_on_one_thread():
     script = (
         "import numpy as np, tensorflow as tf\n"

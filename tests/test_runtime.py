@@ -64,6 +64,7 @@ def test_system_keeps_the_process_as_started():
     assert _started_with("system") == ["|", "False"]
 
 
+@pytest.mark.slow
 def test_the_train_command_reaches_its_stop_handlers_before_importing_jax():
     """``python -m layerscale_jax.train`` runs the package ``__init__``s first: they must not import jax (seconds),
     so a preemption notice in the first second already finds the handlers (``runtime.stop_signals``)."""

@@ -141,6 +141,7 @@ def deit3_small_depth1():
     return param_paths(model)
 
 
+@pytest.mark.slow
 def test_patch_embedding_is_pytorch_conv2d_default_uniform(deit3_small_depth1):
     """kaiming_uniform_(a=√5): U(±1/√fan_in), fan_in = 16·16·3 = 768, so std = 1/√(3·768) = 0.0208; same bound for
     the bias."""
@@ -160,6 +161,7 @@ def test_linear_kernels_are_normal_std_002_truncated_at_plus_minus_two_absolute(
         assert np.all(deit3_small_depth1[name.replace("kernel", "bias")] == 0)
 
 
+@pytest.mark.slow
 def test_layernorm_is_one_and_zero_and_tokens_follow_timm(deit3_small_depth1):
     assert np.all(deit3_small_depth1["blocks/0/norm1/scale"] == 1) and np.all(deit3_small_depth1["norm/bias"] == 0)
     assert deit3_small_depth1["cls_token"].std() == pytest.approx(1e-6, rel=0.2)      # nn.init.normal_(std=1e-6)

@@ -52,6 +52,7 @@ def test_collectives_are_read_from_hlo_text():
     assert found.bytes == 4 + 2 * 64 * 256 + 4 * (2 + 3 + 4 + 5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [{"data": 1, "fsdp": 4, "tensor": 1}, {"data": 2, "fsdp": 2, "tensor": 1}],
                          ids=["fsdp4", "data2_fsdp2"])
 def test_fsdp_step_moves_weights_and_gradients_only(mesh_shape):
@@ -66,6 +67,7 @@ def test_fsdp_step_moves_weights_and_gradients_only(mesh_shape):
     assert not image_gathers, image_gathers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads, dim, tensor", [(4, 64, 4), (6, 96, 2)], ids=["4heads_tensor4", "6heads_tensor2"])
 def test_tensor_parallel_attention_is_split_by_heads(heads, dim, tensor):
     trainer, mesh = trainer_for({"data": 1, "fsdp": 1, "tensor": tensor}, heads=heads, dim=dim)

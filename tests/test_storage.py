@@ -49,6 +49,7 @@ def test_a_cloud_data_dir_stays_a_url_and_a_local_one_is_expanded():
     assert resolve_data_dir("file://~/tensorflow_datasets") == os.path.expanduser("~/tensorflow_datasets")
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_an_unsupported_workdir_scheme_before_jax_starts():
     proc = subprocess.run([sys.executable, "-m", "layerscale_jax.train", f"--config={TINY}",
                            "--workdir=memory://runs/x"], env=subprocess_env(1), capture_output=True, text=True,
@@ -63,6 +64,7 @@ def _without_speed(records):
     return [{k: v for k, v in r.items() if k not in ("img_per_s", "input_wait_ms")} for r in records]
 
 
+@pytest.mark.slow
 def test_a_gs_workdir_survives_kill_and_resume_with_every_file_in_the_bucket(six_step_run, tmp_path, monkeypatch):
     """Killed (SIGKILL) when it asks for step 4's save, then rerun: every file the run writes itself is in the
     bucket (checkpoints through orbax and TensorStore, their seals and side files, config.json, metrics.jsonl,
@@ -103,6 +105,7 @@ def test_a_gs_workdir_survives_kill_and_resume_with_every_file_in_the_bucket(six
     assert os.listdir(cwd) == []                          # no local 'gs:' folder
 
 
+@pytest.mark.slow
 def test_a_restart_loads_its_programs_from_the_compilation_cache(tmp_path):
     """Stopped after 2 steps, then resumed in a fresh process for a third: the train step is loaded from the cache
     (its program is named 'wrapped', after the activation-sharding wrapper around the step function). The resumed
@@ -198,6 +201,7 @@ def test_metrics_on_a_bucket_are_buffered_and_written_as_whole_objects_within_th
     assert [r["step"] for r in read_metrics(tmp_path / "bucket" / "run")] == list(range(1, 102))
 
 
+@pytest.mark.slow
 def test_a_stop_on_sigterm_loses_no_metrics_on_a_bucket(tmp_path, monkeypatch):
     """SIGTERM at step 3 of a run that checkpoints only at its end: the stop path flushes the buffered records
     before its checkpoint, so the log holds steps 1-3."""

@@ -79,6 +79,7 @@ def final_params(workdir, config=None):
 
 # -- metrics and results ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_run_writes_metrics_tensorboard_and_results(reference_run):
     workdir, results = reference_run
     records = read_metrics(workdir)
@@ -128,6 +129,7 @@ def _sharded_run(scan_layers, mesh_axes, devices, initial_state=None, n_steps=2)
              {"data": 2, "fsdp": 2, "tensor": 2}]),
     (True, [{"data": 2, "fsdp": 2, "tensor": 2}]),
 ], ids=["unrolled", "scanned"])
+@pytest.mark.slow
 def test_sharded_steps_equal_single_device_steps(scan_layers, layouts):
     single_losses, single_params, initial = _sharded_run(scan_layers, {"data": 1}, jax.devices()[:1])
     for layout in layouts:
@@ -178,6 +180,7 @@ def test_bad_train_field_is_rejected():
 
 # -- resume ------------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sigterm_then_resume_gives_identical_losses_and_parameters(reference_run, tmp_path):
     ref_dir, _ = reference_run
     workdir = str(tmp_path / "interrupted")
@@ -203,6 +206,7 @@ def test_sigterm_then_resume_gives_identical_losses_and_parameters(reference_run
     assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), ours, theirs)))
 
 
+@pytest.mark.slow
 def test_resume_onto_a_smaller_mesh(reference_run, tmp_path):
     ref_dir, _ = reference_run
     workdir = str(tmp_path / "remesh")
@@ -217,6 +221,7 @@ def test_resume_onto_a_smaller_mesh(reference_run, tmp_path):
                                [reference[s] for s in range(11, STEPS + 1)], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous(reference_run, tmp_path, caplog):
     import shutil
     ref_dir, _ = reference_run
@@ -250,6 +255,7 @@ def _exploding_config(mode):
     return config
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_the_run_naming_step_and_checkpoint(tmp_path):
     workdir = str(tmp_path / "nan")
     with pytest.raises(loop_lib.NonFiniteError, match=r"non-finite loss, gradient norm or update at step \d+"):
@@ -298,6 +304,7 @@ def _saved_tiny_model(tmp_path, **overrides):
     return out, jax.device_get(nnx.state(model, nnx.Param))
 
 
+@pytest.mark.slow
 def test_init_from_starts_from_the_saved_weights(tmp_path):
     source, saved = _saved_tiny_model(tmp_path)
     config = tiny_config()
@@ -308,6 +315,7 @@ def test_init_from_starts_from_the_saved_weights(tmp_path):
     assert all(jax.tree.leaves(same))
 
 
+@pytest.mark.slow
 def test_init_from_with_mismatched_parameters_lists_them(tmp_path):
     source, _ = _saved_tiny_model(tmp_path, depth=3)
     config = tiny_config()
@@ -317,6 +325,7 @@ def test_init_from_with_mismatched_parameters_lists_them(tmp_path):
         trainer.init_state()
 
 
+@pytest.mark.slow
 def test_a_run_evaluated_on_validation_names_its_metrics_val_not_test(tmp_path):
     import importlib.util
     spec = importlib.util.spec_from_file_location("digits", os.path.join(ROOT, "configs", "digits_layerscale.py"))

@@ -74,6 +74,7 @@ def test_rerunning_a_finished_workdir_returns_its_results_untouched(finished, tm
     assert "holds a finished run of 6 steps" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_raising_steps_continues_from_the_final_checkpoint(finished, tmp_path):
     workdir = copy_run(finished, tmp_path, "longer")
     results = loop_lib.train_and_evaluate(config(steps=8), workdir)
@@ -91,6 +92,7 @@ def test_another_config_in_the_same_workdir_is_refused_naming_the_fields(finishe
     assert checkpoint_steps(workdir) == checkpoint_steps(finished[0])          # nothing touched
 
 
+@pytest.mark.slow
 def test_harmless_changes_are_accepted_and_logged(finished, tmp_path, capsys):
     workdir = copy_run(finished, tmp_path, "harmless")
     changed = config(steps=8, log_every=2)
@@ -99,6 +101,7 @@ def test_harmless_changes_are_accepted_and_logged(finished, tmp_path, capsys):
     assert "train.log_every: 1 → 2" in out and "train.steps: 6 → 8" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["truncate", "random_bytes"])
 def test_a_corrupt_checkpoint_is_quarantined_and_the_run_resumes_from_the_previous(finished, tmp_path, how,
                                                                                    caplog):
@@ -129,6 +132,7 @@ def test_when_no_checkpoint_is_usable_the_run_stops_and_says_how_to_start_fresh(
         loop_lib.train_and_evaluate(config(), workdir)
 
 
+@pytest.mark.slow
 def test_a_failed_save_stops_the_run_naming_the_cause_and_the_last_complete_checkpoint(tmp_path, monkeypatch):
     workdir = str(tmp_path / "disk_full")
     original = Checkpointer._write_json
@@ -168,6 +172,7 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
     assert not (tmp_path / "lock.json").exists()
 
 
+@pytest.mark.slow
 def test_records_of_a_killed_run_after_its_last_checkpoint_are_not_duplicated(finished, tmp_path):
     workdir = copy_run(finished, tmp_path, "killed")
     os.remove(os.path.join(workdir, "results.json"))
@@ -191,6 +196,7 @@ def test_cleaning_up_after_a_save_keeps_the_side_files_other_processes_write_for
     assert os.path.exists(os.path.join(meta, str(STEPS + 2), "data_process_1.json"))
 
 
+@pytest.mark.slow
 def test_a_non_finite_update_never_reaches_the_parameters():
     from layerscale_jax.train.step import init_train_state, make_train_step
     from flax import nnx
@@ -246,6 +252,7 @@ def test_workdir_files_go_through_epath_so_gs_urls_work(tmp_path, monkeypatch):
     assert not os.path.exists("gs:")
 
 
+@pytest.mark.slow
 def test_a_failed_async_save_is_not_ignored(tmp_path, monkeypatch):
     """An error of the background save surfaces when the next save (or the end of the run) waits for it."""
     import orbax.checkpoint as ocp
@@ -265,6 +272,7 @@ def test_a_failed_async_save_is_not_ignored(tmp_path, monkeypatch):
 
 # -- the seal: written as part of finishing a step, checked before a step is trusted -----------------------------------
 
+@pytest.mark.slow
 def test_each_step_is_sealed_before_orbax_commits_it(tmp_path, monkeypatch):
     """The seal is written while the step is still orbax's temporary directory, so no committed step lacks one."""
     committed_when_sealed = {}
@@ -285,6 +293,7 @@ def test_each_step_is_sealed_before_orbax_commits_it(tmp_path, monkeypatch):
         assert Checkpointer(os.path.join(workdir, "checkpoints"), keep=2)._verify(step) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["truncate", "random_bytes", "flipped_bits"])
 def test_a_damaged_newest_step_without_its_seal_is_never_trusted(finished, tmp_path, how, caplog):
     """A killed run's newest step whose seal is missing, then damaged: the rerun falls back to the previous sealed
@@ -303,6 +312,7 @@ def test_a_damaged_newest_step_without_its_seal_is_never_trusted(finished, tmp_p
     assert results["test_accuracy"] == json.load(open(os.path.join(finished[0], "results.json")))["test_accuracy"]
 
 
+@pytest.mark.slow
 def test_flipped_bits_in_a_sealed_step_are_found_by_its_seal(finished, tmp_path, caplog):
     workdir = copy_run(finished, tmp_path, "sealed_flipped")
     os.remove(os.path.join(workdir, "results.json"))
@@ -338,6 +348,7 @@ def without_speed(records):
     return [{k: v for k, v in r.items() if k != "img_per_s"} for r in records]
 
 
+@pytest.mark.slow
 def test_a_torn_last_line_of_the_metrics_log_is_dropped_with_one_warning(finished, tmp_path, caplog):
     workdir = resumable_copy(finished, tmp_path, "torn")
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
