@@ -45,14 +45,14 @@ RECIPES = (
     Recipe("deit3_b_v5e-256", "configs/imagenet_deit3.py:variant=B", "v5e-256", kinds=("all-reduce",),
            where="configs/imagenet_deit3.py (mesh data=1, fsdp=-1)"),
     Recipe("deit3_b_v5e-32_pod_command", "configs/imagenet_deit3.py:variant=B", "v5e-32",
-           ("--config.train.mesh.data=-1", "--config.train.mesh.fsdp=8"),
+           ("--config.train.mesh.data=-1", "--config.train.mesh.fsdp=8"), kinds=("all-gather", "all-reduce"),
            where="docs/multihost.md, a TPU pod slice"),
     Recipe("deit3_b_2xv5e-256_multislice", "configs/imagenet_deit3.py:variant=B", "2xv5e-256",
            ("--config.train.mesh.dcn_data=2", "--config.train.mesh.data=1", "--config.train.mesh.fsdp=-1"),
            kinds=("all-reduce",), where="docs/multihost.md, Multi-slice meshes"),
-    Recipe("cait_s36_v4-128", "configs/imagenet_cait.py:variant=s36", "v4-128",
+    Recipe("cait_s36_v4-128", "configs/imagenet_cait.py:variant=s36", "v4-128", kinds=("all-gather", "all-reduce"),
            where="configs/imagenet_cait.py"),
-    Recipe("mae_b_v5p-128", "configs/imagenet_mae.py:variant=B", "v5p-128",
+    Recipe("mae_b_v5p-128", "configs/imagenet_mae.py:variant=B", "v5p-128", kinds=("all-gather", "all-reduce"),
            where="configs/imagenet_mae.py"),
 )
 # Deliberately too big: DeiT III-H/14 at the recipe's batch on 16 v5e chips (the --fit example of the docs).

@@ -241,3 +241,29 @@ def test_the_docs_chip_table_is_the_code_s():
         row = (f"| {chip.name} (`{key}`) | {chip.hbm_bytes / GiB:.0f} GiB | {chip.peak_bf16_flop_per_s / 1e12:,.0f} "
                f"TFLOP/s | {chip.hbm_bytes_per_s / 1e9:,.0f} GB/s | {chip.source} |")
         assert row in text, row
+
+
+def recipes_module():
+    import importlib.util as util
+    spec = util.spec_from_file_location("compile_recipes", os.path.join(ROOT, "benchmarks", "compile_recipes.py"))
+    module = util.module_from_spec(spec)
+    sys.modules[spec.name] = module                 # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_docs_recipe_table_is_the_one_the_committed_compiles_give():
+    recipes = recipes_module()
+    results = sorted(f for f in os.listdir(os.path.join(ROOT, "benchmarks", "results"))
+                     if f.startswith("compile_recipes_"))
+    with open(os.path.join(ROOT, "benchmarks", "results", results[-1])) as f:
+        record = json.load(f)
+    assert {r["id"] for r in record["rows"]} == {r.id for r in recipes.RECIPES + (recipes.OVERSIZE,)}
+    table = recipes.markdown([r for r in record["rows"] if r["fits"]])
+    for page in ("README.md", "docs/multihost.md"):
+        with open(os.path.join(ROOT, page)) as f:
+            text = f.read()
+        assert table in text, page
+        assert results[-1] in text and record["cpu"] in text, page
+    oversize = next(r for r in record["rows"] if r["id"] == recipes.OVERSIZE.id)
+    assert not oversize["fits"] and "does not fit v5e-16" in oversize["error"]
