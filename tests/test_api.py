@@ -129,6 +129,7 @@ def test_the_loaded_parameters_are_the_trained_ones(ema_run):
     assert diag["loss"] == pytest.approx(logged["diag/loss"], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_ema_weights_on_request(ema_run, tmp_path):
     ema = nnx.state(lsj.load_run(ema_run.workdir, ema=True).model, nnx.Param)
     params = nnx.state(lsj.load_run(ema_run.workdir, ema=False).model, nnx.Param)

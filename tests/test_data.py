@@ -198,6 +198,7 @@ print("same order")
     assert proc.returncode == 0 and "same order" in proc.stdout, proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_eval_split_validation_is_read_and_a_split_not_in_the_dataset_is_an_error(data_dir):
     cfg = dict(name="digits", data_dir=data_dir, train_split="train_without_validation", eval_split="validation")
     info = data.get_dataset_info(cfg)

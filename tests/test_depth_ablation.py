@@ -57,6 +57,7 @@ def test_a_diverging_run_is_recorded_as_diverged_not_raised(sweep):
     assert any("DIVERGED" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_epsilon_column_follows_the_scheme(sweep):
     by_scheme = {r["scheme"]: r for r in read_rows(sweep[2]["csv"])}
     assert by_scheme["layerscale"]["epsilon"] == "0.1"          # CaiT rule at depth 1

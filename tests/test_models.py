@@ -363,6 +363,7 @@ def test_layout_conversion_round_trips_the_weights(layouts):
     jax.tree.map(np.testing.assert_array_equal, pure(nnx.state(back)), pure(nnx.state(unrolled)))
 
 
+@pytest.mark.slow
 def test_scanned_and_unrolled_give_the_same_logits(layouts):
     assert_trees_close(layouts["scanned"]["logits"], layouts["unrolled"]["logits"])
 

@@ -65,6 +65,7 @@ def corrupt(workdir, step, how):
                     f.write(np.random.default_rng(0).bytes(min(size, 64)))
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_workdir_returns_its_results_untouched(finished, tmp_path, capsys):
     workdir = copy_run(finished, tmp_path, "again")
     before = open(os.path.join(workdir, "results.json")).read()
@@ -370,6 +371,7 @@ def test_a_damaged_line_inside_the_metrics_log_is_an_error_naming_the_file_and_t
         loop_lib.train_and_evaluate(config(), workdir)
 
 
+@pytest.mark.slow
 def test_without_a_usable_checkpoint_a_rerun_is_refused_until_restart_moves_the_earlier_run_aside(finished,
                                                                                                     tmp_path):
     workdir = unfinished_run_with_every_checkpoint_corrupt(finished, tmp_path, "restart")
@@ -401,6 +403,7 @@ def test_lowering_steps_below_the_run_in_a_workdir_is_refused_leaving_it_untouch
     assert {name: open(os.path.join(workdir, name)).read() for name in before} == before
 
 
+@pytest.mark.slow
 def test_changing_steps_at_a_resume_says_what_the_learning_rate_becomes(finished, tmp_path, capsys):
     workdir = copy_run(finished, tmp_path, "schedule")
     loop_lib.train_and_evaluate(config(steps=8), workdir)
@@ -424,6 +427,7 @@ def test_a_workdir_that_cannot_be_a_directory_is_one_clear_error(tmp_path, what)
         loop_lib.train_and_evaluate(config(), str(workdir))
 
 
+@pytest.mark.slow
 def test_a_disk_too_full_for_the_state_stops_before_orbax_writes_naming_the_step(tmp_path, monkeypatch):
     from layerscale_jax.train import checkpoint as checkpoint_lib
     workdir = tmp_path / "full_disk"
@@ -441,6 +445,7 @@ def test_a_disk_too_full_for_the_state_stops_before_orbax_writes_naming_the_step
     assert not [name for name in os.listdir(workdir / "checkpoints") if "orbax-checkpoint-tmp" in name]
 
 
+@pytest.mark.slow
 def test_a_failed_async_save_names_its_own_step(tmp_path, monkeypatch):
     """The save of step 2 fails in the background; the error surfaces when step 4's save waits for it."""
     import orbax.checkpoint as ocp
@@ -463,6 +468,7 @@ def test_a_failed_async_save_names_its_own_step(tmp_path, monkeypatch):
         loop_lib.train_and_evaluate(config(), str(tmp_path / "async_step"))
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_logging_stops_the_run_naming_the_step_instead_of_hanging(tmp_path, monkeypatch):
     """A failed write of the metrics log or of TensorBoard's events (written in this thread: tensorboardX's writer
     thread would die and block the run on its queue) stops the run with the cause."""
@@ -501,6 +507,7 @@ def test_orbax_errors_from_a_failed_background_save_are_logged_on_one_line_each(
         "writing local file: No space left on device"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side_file", ["checksums.json", "data_process_0.json"])
 def test_a_damaged_seal_or_data_state_of_the_newest_step_is_quarantined_not_a_traceback(finished, tmp_path,
                                                                                        side_file, caplog):
