@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -157,9 +156,9 @@ def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *,
     ``workdir``: the run's local directory (a path, ``~/...`` or ``file://PATH``, as on the command line; ``gs://``
     is refused: train there with the command line); an existing one is resumed from its newest checkpoint (a
     finished one is returned without training; one of a different config is refused), None makes a new temporary
-    directory (kept: delete ``run.workdir`` when done). ``ema`` chooses the model's weights as in ``load_run``. ``restart=True``
-    starts over in a workdir that holds an earlier run without a usable checkpoint (the CLI's ``--restart``: its
-    files move to ``WORKDIR/previous/<time>/``).
+    directory (kept: delete ``run.workdir`` when done). ``ema`` chooses the model's weights as in ``load_run``.
+    ``restart=True`` starts over in a workdir that holds an earlier run without a usable checkpoint (the CLI's
+    ``--restart``: its files move to ``WORKDIR/previous/<time>/``).
 
     Progress is one updating line. Ctrl-C (or SIGTERM) stops at the next step boundary, saves a checkpoint (when
     there is new state) and raises ``TrainingInterrupted`` naming the workdir; a second Ctrl-C stops at once. A
