@@ -11,7 +11,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                  reason="libtpu is not installed (pip install -e '.[tpu]')"),
-              pytest.mark.slow]       # full-size models: a minute or more each on two cores
+              pytest.mark.skipif(os.environ.get("LAYERSCALE_JAX_POD_RECIPES") != "1",
+                                 reason="full-size compiles, minutes of CPU each on two cores: set "
+                                        "LAYERSCALE_JAX_POD_RECIPES=1 (benchmarks/compile_recipes.py compiles the "
+                                        "same recipes)"),
+              pytest.mark.slow]
 
 
 def recipes_module():
