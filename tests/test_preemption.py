@@ -413,7 +413,6 @@ def test_orbax_never_asks_the_preemption_sync_point(tmp_path, monkeypatch):
     monkeypatch.setattr(multihost_utils, "reached_preemption_sync_point", lambda step: asked.append(step) or False)
     checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2)
     for step in (1, 2):
-        checkpointer.save(step, {"params": {"w": jnp.full(3, step, jnp.float32)}}, {"position": step}, {"a": 1},
-                          force=True)
+        checkpointer.save(step, {"params": {"w": jnp.full(3, step, jnp.float32)}}, {"position": step}, {"a": 1})
     checkpointer.close()
     assert asked == [] and checkpointer.latest_step() == 2

@@ -366,7 +366,9 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
                                               rows=process_batch_rows(mesh, tc.batch_size))
     if data_state is not None:
         train_iter.set_state(data_state)
+    waited_from = time.perf_counter()
     first_batch = data_lib.to_global_batch(next(train_iter), mesh, tc.batch_size)
+    first_batch_wait = time.perf_counter() - waited_from   # counted in the first progress line's input wait
     # The train step compiles here, before its first run: a stop signal during start-up, restore or this compile
     # (minutes for a large model on a pod) ends the job before that step, with nothing new to save.
     train_step.lower(state, first_batch).compile()
@@ -404,7 +406,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
     try:
         step = start_step
         last_log_time, last_log_step = time.time(), step
-        input_wait = 0.0                           # seconds spent in next(train_iter) since the last log step
+        input_wait = first_batch_wait              # seconds spent in next(train_iter) since the last log step
         train_start = time.time()
         eval_results: dict[str, float] = {}
         preempted = False
