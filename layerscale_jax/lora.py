@@ -34,6 +34,7 @@ from flax import nnx
 
 from layerscale_jax.layers.common import torch_conv_uniform
 from layerscale_jax.layers.lora import ADAPTER_NAMES, LoRALinear, adapted_layers, is_adapter_path, linear_layers
+from layerscale_jax.layers.params import logical_axes, param
 from layerscale_jax.optim.param_rules import trainable_mask
 
 if TYPE_CHECKING:
@@ -190,9 +191,10 @@ def add_adapters(model: nnx.Module, *, rank: int, alpha: float, dropout: float =
                   layer.param_dtype) for p in layer_paths]
         stacked = _is_stacked(model, path)
         layer.__class__ = LoRALinear
-        layer.lora_a = nnx.Param(jnp.stack(a) if stacked else a[0])
-        layer.lora_b = nnx.Param(jnp.zeros(((len(layer_paths),) if stacked else ()) + (rank, d_out),
-                                           layer.param_dtype))
+        kernel_axes = logical_axes(layer.kernel)          # (…, input, output): A takes the input's, B the output's
+        layer.lora_a = param(jnp.stack(a) if stacked else a[0], "adapter", kernel_axes[:-1] + (None,))
+        layer.lora_b = param(jnp.zeros(((len(layer_paths),) if stacked else ()) + (rank, d_out), layer.param_dtype),
+                             "adapter", kernel_axes[:-2] + (None, kernel_axes[-1]))
         layer.lora_rank = rank
         layer.lora_alpha = float(alpha)
         layer.lora_scale = float(alpha) / rank

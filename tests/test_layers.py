@@ -173,7 +173,7 @@ def test_gelu_keeps_the_compute_dtype_in_both_passes():
 @pytest.mark.parametrize("scale_shape", [(DIM,), ()])
 def test_folded_scale_equals_scaling_the_layer_output_and_so_do_its_gradients(scale_shape):
     from layerscale_jax.layers.common import dense, linear
-    layer = dense(DIM, DIM, rngs=nnx.Rngs(0))
+    layer = dense(DIM, DIM, (None, None), rngs=nnx.Rngs(0))
     rng = np.random.default_rng(5)
     w, b = rng.normal(0, 0.3, (DIM, DIM)), rng.normal(0, 0.3, DIM)
     layer.kernel[...], layer.bias[...] = jnp.asarray(w, jnp.float32), jnp.asarray(b, jnp.float32)

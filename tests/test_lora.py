@@ -158,7 +158,7 @@ def test_a_target_matching_some_layers_of_a_stacked_kernel_freezes_the_others_at
 def test_adapter_axes_follow_their_kernel_for_sharding():
     model = tiny(scan_layers=True)
     lora.add_adapters(model, rank=2, alpha=1.0)
-    axes = shard_lib.param_logical_axes(nnx.state(model, nnx.Param), scan_layers=True)
+    axes = shard_lib.param_logical_axes(nnx.state(model, nnx.Param))
     flat = {"/".join(shard_lib.path_names(p)): v for p, v in
             jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(x, tuple))}
     assert flat["blocks/attn/qkv/lora_a"] == ("layers", "embed", None)

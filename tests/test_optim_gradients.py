@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from layerscale_jax import optim
+from layerscale_jax.layers.params import ROLES, param
 
 A = {"w": jnp.array([1.0, 2.0, 3.0]), "b": jnp.array([[0.5, -1.0]])}
 
@@ -34,14 +35,22 @@ def test_sam_gradient_is_taken_at_the_perturbed_point_and_loss_at_the_original()
     assert loss == loss0 and aux["sum"] == aux0["sum"]
 
 
-NAMED = {"kernel": jnp.array([0.3, -0.2, 0.0]), "bias": jnp.array([[1.0, 0.0]])}   # a zero in each
+def variables(values: dict, roles: dict) -> dict:
+    """Parameters as the models make them: ``nnx.Param``s carrying their role (``layers.params``)."""
+    return {k: param(v, roles[k], (None,) * v.ndim) for k, v in values.items()}
+
+
+# A kernel and a bias (ASAM treats them differently), a zero in each; stored under names that say nothing, since the
+# role, not the name, decides.
+NAMED = variables({"first": jnp.array([0.3, -0.2, 0.0]), "second": jnp.array([[1.0, 0.0]])},
+                  {"first": "weight", "second": "bias"})
 
 
 def named_quadratic(params):
-    """L = ½ Σ a·w² over a kernel and a bias (ASAM treats them differently)."""
-    a = {"kernel": A["w"], "bias": A["b"]}
-    loss = sum(0.5 * jnp.sum(a[k] * params[k] ** 2) for k in params)
-    return (loss, {}), {k: a[k] * params[k] for k in params}
+    """L = ½ Σ a·w² over a kernel and a bias; the gradient has the parameters' structure, as ``jax.grad``'s does."""
+    a = {"first": A["w"], "second": A["b"]}
+    loss = sum(0.5 * jnp.sum(a[k] * params[k][...] ** 2) for k in params)
+    return (loss, {}), {k: params[k].replace(a[k] * params[k][...]) for k in params}
 
 
 @pytest.mark.parametrize("eta", [0.01, 0.0, 0.3])
@@ -51,27 +60,39 @@ def test_asam_perturbs_kernels_by_abs_w_plus_eta_squared_and_biases_unscaled(eta
     rho = 0.5
     (_, _), grads = jax.jit(lambda p: optim.sam_gradients(named_quadratic, p, rho=rho, adaptive=True,
                                                           eta=eta))(NAMED)
-    w = {k: np.asarray(v, np.float64) for k, v in NAMED.items()}
-    a = {"kernel": np.array([1.0, 2.0, 3.0]), "bias": np.array([[0.5, -1.0]])}
+    w = {k: np.asarray(v[...], np.float64) for k, v in NAMED.items()}
+    a = {"first": np.array([1.0, 2.0, 3.0]), "second": np.array([[0.5, -1.0]])}
     g = {k: a[k] * w[k] for k in w}
-    t = {"kernel": np.abs(w["kernel"]) + eta, "bias": np.ones_like(w["bias"])}
+    t = {"first": np.abs(w["first"]) + eta, "second": np.ones_like(w["second"])}
     norm = global_norm({k: t[k] * g[k] for k in g})
     for k in w:
         eps = rho * t[k] ** 2 * g[k] / norm
-        np.testing.assert_allclose(grads[k], a[k] * (w[k] + eps), rtol=1e-6, atol=1e-12)
+        np.testing.assert_allclose(grads[k][...], a[k] * (w[k] + eps), rtol=1e-6, atol=1e-12)
+
+
+def test_asam_normalises_by_role_kernels_and_norm_scales_only():
+    """T_w = |w| + η for the roles PyTorch calls ``weight`` (kernels, LayerNorm scales); 1 for every other role."""
+    ones = jnp.array([2.0, -3.0])
+    for role_name in ROLES:
+        t = optim.gradients.asam_operator(param(ones, role_name, (None,)), 0.5)
+        expected = [2.5, 3.5] if role_name in ("weight", "norm") else 1.0
+        np.testing.assert_allclose(np.broadcast_to(t, (2,)), np.broadcast_to(expected, (2,)))
+    with pytest.raises(ValueError, match="role"):
+        optim.gradients.asam_operator(ones, 0.5)
 
 
 def test_asam_eta_moves_a_weight_that_is_exactly_zero():
     """With η > 0 a zero kernel entry (e.g. a zero-initialised gate) is perturbed along its gradient; with η = 0 not."""
-    params = {"kernel": jnp.array([0.0, 1.0])}
+    params = variables({"kernel": jnp.array([0.0, 1.0])}, {"kernel": "weight"})
 
     def loss_and_grad(p):          # L = Σ (w − c)², gradient non-zero at w = 0; ∇ at the perturbed point reveals ε
         c = jnp.array([1.0, 0.5])
-        return (jnp.sum((p["kernel"] - c) ** 2), {}), {"kernel": 2.0 * (p["kernel"] - c)}
+        w = p["kernel"]
+        return (jnp.sum((w[...] - c) ** 2), {}), {"kernel": w.replace(2.0 * (w[...] - c))}
 
     for eta, moved in ((0.01, True), (0.0, False)):
         (_, _), grads = optim.sam_gradients(loss_and_grad, params, rho=0.1, adaptive=True, eta=eta)
-        assert (float(grads["kernel"][0]) != -2.0) is moved
+        assert (float(grads["kernel"][...][0]) != -2.0) is moved
 
 
 def test_negative_sam_eta_is_refused_naming_the_field():

@@ -130,8 +130,9 @@ class Attention(nnx.Module):
         validate_attention_impl(attention_impl)
         self.num_heads = num_heads
         self.attention_impl = attention_impl
-        self.qkv = dense(dim, 3 * dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.qkv = dense(dim, 3 * dim, ("embed", "heads"), use_bias=qkv_bias,
+                         dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.proj = dense(dim, dim, ("heads", "embed"), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
         qkv = project_qkv(self.qkv, x, self.num_heads)
@@ -162,10 +163,11 @@ class TalkingHeadsAttention(nnx.Module):
                  param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.num_heads = num_heads
         self.scale = (dim // num_heads) ** -0.5
-        self.qkv = dense(dim, 3 * dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.proj_l = dense(num_heads, num_heads, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.proj_w = dense(num_heads, num_heads, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.qkv = dense(dim, 3 * dim, ("embed", "heads"), use_bias=qkv_bias,
+                         dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.proj_l = dense(num_heads, num_heads, (None, None), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.proj_w = dense(num_heads, num_heads, (None, None), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.proj = dense(dim, dim, ("heads", "embed"), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
         qkv = project_qkv(self.qkv, x, self.num_heads)
@@ -189,10 +191,10 @@ class ClassAttention(nnx.Module):
     def __init__(self, dim: int, num_heads: int, *, qkv_bias: bool = True, dtype=jnp.float32,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.num_heads = num_heads
-        self.q = dense(dim, dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.k = dense(dim, dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.v = dense(dim, dim, use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.proj = dense(dim, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q = dense(dim, dim, ("embed", "heads"), use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.k = dense(dim, dim, ("embed", "heads"), use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.v = dense(dim, dim, ("embed", "heads"), use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.proj = dense(dim, dim, ("heads", "embed"), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
         q, k, v = (_split_heads(constrain(layer(t), ("batch", None, "heads")), self.num_heads)

@@ -64,6 +64,11 @@ class _ScaledResidualBlock(nnx.Module):
         """The MLP branch's scale: ``ls2``, or ReZero's single per-block α (``ls1``)."""
         return self.ls1 if self.ls2 is None else self.ls2
 
+    def branch_scales(self) -> tuple[nnx.Module, nnx.Module]:
+        """The scale modules ``(S1, S2)`` of the attention and MLP branches (ReZero: the same α twice); each one's
+        ``factor()`` is λ, α or ``None`` (no scaling)."""
+        return self.ls1, self._second_scale()
+
     def _drop(self, branch, batch, key, rate):
         """DropPath of a token-matrix branch: whole samples are dropped, so it acts on the ``(batch, -1, dim)`` view."""
         return self.drop_path(branch.reshape(batch, -1, branch.shape[-1]), key, rate).reshape(branch.shape)

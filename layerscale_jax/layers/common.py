@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from layerscale_jax.layers.params import metadata
 from layerscale_jax.layers.partitioning import constrain
 
 
@@ -55,11 +56,13 @@ def torch_conv_uniform(fan_in: int):
 trunc_normal_02 = timm_trunc_normal(0.02)
 
 
-def dense(din: int, dout: int, *, use_bias: bool = True, dtype=jnp.float32, param_dtype=jnp.float32,
+def dense(din: int, dout: int, axes: tuple, *, use_bias: bool = True, dtype=jnp.float32, param_dtype=jnp.float32,
           rngs: nnx.Rngs) -> nnx.Linear:
-    """A Dense layer initialised as timm's ViTs are: truncated normal (std 0.02) kernel, zero bias."""
+    """A Dense layer initialised as timm's ViTs are: truncated normal (std 0.02) kernel, zero bias. ``axes``: the
+    logical axes ``(input, output)`` of its kernel (``layers.params``); the bias takes the output's."""
     return nnx.Linear(din, dout, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
-                      kernel_init=trunc_normal_02, bias_init=nnx.initializers.zeros_init(), rngs=rngs)
+                      kernel_init=trunc_normal_02, bias_init=nnx.initializers.zeros_init(), rngs=rngs,
+                      kernel_metadata=metadata("weight", axes), bias_metadata=metadata("bias", axes[-1:]))
 
 
 def linear(layer: nnx.Linear, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
@@ -86,9 +89,12 @@ def linear(layer: nnx.Linear, x: jnp.ndarray, out_scale: jnp.ndarray | None = No
     return y
 
 
-def layer_norm(dim: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
-    """LayerNorm whose statistics are computed in float32 and whose output has the compute dtype."""
-    return nnx.LayerNorm(dim, epsilon=eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+def layer_norm(dim: int, *, eps: float, axis: str | None = "embed", dtype=jnp.float32, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    """LayerNorm whose statistics are computed in float32 and whose output has the compute dtype; its scale and
+    bias have the logical axis ``axis``."""
+    return nnx.LayerNorm(dim, epsilon=eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+                         scale_metadata=metadata("norm", (axis,)), bias_metadata=metadata("bias", (axis,)))
 
 
 def _normal_cdf(a: jnp.ndarray) -> jnp.ndarray:
@@ -132,8 +138,8 @@ class Mlp(nnx.Module):
     """The transformer FFN: ``FFN(x) = W_2 · GELU(W_1 x + b_1) + b_2`` (exact erf GELU, as PyTorch's default)."""
 
     def __init__(self, dim: int, hidden: int, *, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
-        self.fc1 = dense(dim, hidden, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.fc2 = dense(hidden, dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.fc1 = dense(dim, hidden, ("embed", "mlp"), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.fc2 = dense(hidden, dim, ("mlp", "embed"), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jnp.ndarray, out_scale: jnp.ndarray | None = None) -> jnp.ndarray:
         """``FFN(x)``, or ``out_scale ⊙ FFN(x)`` with the scale folded into ``fc2`` (see ``linear``)."""
@@ -152,7 +158,9 @@ class PatchEmbed(nnx.Module):
         init = torch_conv_uniform(patch_size * patch_size * in_chans)
         self.proj = nnx.Conv(in_chans, dim, kernel_size=(patch_size, patch_size),
                              strides=(patch_size, patch_size), padding="VALID", dtype=dtype,
-                             param_dtype=param_dtype, kernel_init=init, bias_init=init, rngs=rngs)
+                             param_dtype=param_dtype, kernel_init=init, bias_init=init, rngs=rngs,
+                             kernel_metadata=metadata("weight", (None, None, None, "embed")),
+                             bias_metadata=metadata("bias", ("embed",)))
 
     def __call__(self, images: jnp.ndarray) -> jnp.ndarray:
         x = self.proj(images)

@@ -42,6 +42,8 @@ from typing import Union
 import jax.numpy as jnp
 from flax import nnx
 
+from layerscale_jax.layers.params import param
+
 BRANCH_SCALINGS = ("none", "layerscale", "scalar", "scalar_zero", "rezero", "skipinit")
 ZERO_INIT_SCALINGS = ("scalar_zero", "rezero", "skipinit")          # α = 0 by definition
 NO_LAYERNORM_SCALINGS = ("rezero", "skipinit")                     # the branch LayerNorm is removed
@@ -85,7 +87,7 @@ class LayerScale(nnx.Module):
     """Per-channel learnable diagonal ``diag(λ)``, λ ∈ R^D initialised to ε, kept in float32."""
 
     def __init__(self, dim: int, init_value: float):
-        self.gamma = nnx.Param(jnp.full((dim,), init_value, dtype=jnp.float32))
+        self.gamma = param(jnp.full((dim,), init_value, dtype=jnp.float32), "layerscale", ("embed",))
 
     def factor(self) -> jnp.ndarray:
         """λ, folded into the branch's output layer (``layers.common.linear``)."""
@@ -96,7 +98,7 @@ class ScalarScale(nnx.Module):
     """One learnable scalar α for the whole branch (``scalar``, ``scalar_zero``, ReZero, SkipInit), kept in float32."""
 
     def __init__(self, init_value: float):
-        self.alpha = nnx.Param(jnp.full((), init_value, dtype=jnp.float32))
+        self.alpha = param(jnp.full((), init_value, dtype=jnp.float32), "gate", ())
 
     def factor(self) -> jnp.ndarray:
         """α, folded into the branch's output layer (``layers.common.linear``)."""

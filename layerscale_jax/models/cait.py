@@ -18,6 +18,7 @@ from flax import nnx
 from layerscale_jax.layers.blocks import Block, ClassAttentionBlock
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_normal_02
 from layerscale_jax.layers.drop_path import drop_path_rates
+from layerscale_jax.layers.params import param
 from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import resolve_init_value
 from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
@@ -50,8 +51,9 @@ class CaiT(nnx.Module):
         d, dt, pdt = cfg.embed_dim, cfg.dtype, cfg.param_dtype
         init_value = resolve_init_value(cfg.branch_scaling, cfg.init_values, cfg.depth)
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, dtype=dt, param_dtype=pdt, rngs=rngs)
-        self.cls_token = nnx.Param(trunc_normal_02(rngs.params(), (1, 1, d), pdt))
-        self.pos_embed = nnx.Param(trunc_normal_02(rngs.params(), (1, cfg.num_patches, d), pdt))
+        self.cls_token = param(trunc_normal_02(rngs.params(), (1, 1, d), pdt), "token", (None, None, "embed"))
+        self.pos_embed = param(trunc_normal_02(rngs.params(), (1, cfg.num_patches, d), pdt), "position",
+                               (None, None, "embed"))
 
         def make_block(block_rngs):
             return Block(d, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias,
@@ -65,7 +67,7 @@ class CaiT(nnx.Module):
                                 dtype=dt, param_dtype=pdt, rngs=rngs)
             for _ in range(cfg.depth_token_only)])
         self.norm = layer_norm(d, eps=cfg.norm_eps, dtype=dt, param_dtype=pdt, rngs=rngs)
-        self.head = dense(d, cfg.num_classes, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.head = dense(d, cfg.num_classes, ("embed", "classes"), dtype=dt, param_dtype=pdt, rngs=rngs)
         self.drop_path_rates = tuple(float(r) for r in drop_path_rates(cfg.drop_path_rate, cfg.depth,
                                                                          cfg.drop_path_rule))
         self.deterministic = False

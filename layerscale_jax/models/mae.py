@@ -33,6 +33,7 @@ from layerscale_jax.layers.attention import validate_attention_impl
 from layerscale_jax.layers.blocks import Block
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm
 from layerscale_jax.layers.drop_path import drop_path_rates
+from layerscale_jax.layers.params import param
 from layerscale_jax.layers.scaling import resolve_init_value
 from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
 from layerscale_jax.models.stack import create_stack, run_stack
@@ -165,8 +166,10 @@ class MaskedAutoencoder(nnx.Module):
         init_value = resolve_init_value(cfg.branch_scaling, cfg.init_values, cfg.depth)
         # encoder: VisionTransformer's parameters (names and shapes) without the head
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, dtype=dt, param_dtype=pdt, rngs=rngs)
-        self.cls_token = nnx.Param(nnx.initializers.normal(stddev=1e-6)(rngs.params(), (1, 1, d), pdt))
-        self.pos_embed = nnx.Param(jnp.asarray(sincos_pos_embed_2d(d, cfg.grid_size)[None], pdt))
+        self.cls_token = param(nnx.initializers.normal(stddev=1e-6)(rngs.params(), (1, 1, d), pdt), "token",
+                               (None, None, "embed"))
+        self.pos_embed = param(jnp.asarray(sincos_pos_embed_2d(d, cfg.grid_size)[None], pdt), "position",
+                               (None, None, "embed"))
 
         def make_block(block_rngs):
             return Block(d, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, attention="standard",
@@ -178,17 +181,19 @@ class MaskedAutoencoder(nnx.Module):
         self.norm = layer_norm(d, eps=cfg.norm_eps, dtype=dt, param_dtype=pdt, rngs=rngs)
         self.drop_path_rates = tuple(float(r) for r in drop_path_rates(cfg.drop_path_rate, cfg.depth,
                                                                          cfg.drop_path_rule))
-        # decoder (MAE: plain pre-norm blocks)
-        self.decoder_embed = dense(d, dd, dtype=dt, param_dtype=pdt, rngs=rngs)
-        self.mask_token = nnx.Param(nnx.initializers.normal(stddev=0.02)(rngs.params(), (1, 1, dd), pdt))
-        self.decoder_pos_embed = nnx.Param(jnp.asarray(sincos_pos_embed_2d(dd, cfg.grid_size, True)[None], pdt))
+        # decoder (MAE: plain pre-norm blocks); its stem, tokens, final norm and prediction stay replicated
+        self.decoder_embed = dense(d, dd, (None, None), dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.mask_token = param(nnx.initializers.normal(stddev=0.02)(rngs.params(), (1, 1, dd), pdt), "token",
+                                (None, None, None))
+        self.decoder_pos_embed = param(jnp.asarray(sincos_pos_embed_2d(dd, cfg.grid_size, True)[None], pdt),
+                                       "position", (None, None, None))
         self.decoder_blocks = nnx.List([
             Block(dd, cfg.decoder_num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=True, attention="standard",
                   attention_impl=cfg.attention_impl, branch_scaling="none", norm_eps=cfg.norm_eps, dtype=dt,
                   param_dtype=pdt, rngs=rngs)
             for _ in range(cfg.decoder_depth)])
-        self.decoder_norm = layer_norm(dd, eps=cfg.norm_eps, dtype=dt, param_dtype=pdt, rngs=rngs)
-        self.decoder_pred = dense(dd, cfg.patch_dim, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.decoder_norm = layer_norm(dd, eps=cfg.norm_eps, axis=None, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.decoder_pred = dense(dd, cfg.patch_dim, (None, None), dtype=dt, param_dtype=pdt, rngs=rngs)
         self.deterministic = False
 
     def forward_encoder(self, images: jnp.ndarray, ids_keep: jnp.ndarray, key: jax.Array | None = None):

@@ -2,7 +2,8 @@
 stacked along a leading layer axis), each optionally rematerialised with a named policy.
 
 With ``scan_layers=True`` the stack is one module whose every parameter has a leading axis of length ``depth``
-(created with ``nnx.vmap``); the scan traces one block, so compile time stays flat in depth.
+(created with ``nnx.vmap``; its logical axes start with ``layers``); the scan traces one block, so compile time
+stays flat in depth.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from layerscale_jax.layers.params import add_layer_axis
 
 # Named rematerialisation policies (what the backward pass may keep instead of recomputing).
 REMAT_POLICIES: dict[str, Callable | None] = {
@@ -37,7 +40,9 @@ def create_stack(make_block: Callable[[nnx.Rngs], nnx.Module], depth: int, scan_
     def create(layer_rngs):
         return make_block(layer_rngs)
 
-    return create(rngs)
+    stack = create(rngs)
+    add_layer_axis(stack)
+    return stack
 
 
 def _rematted(fn, remat: str, in_scan: bool):

@@ -18,6 +18,7 @@ from layerscale_jax.layers.attention import validate_attention_impl
 from layerscale_jax.layers.blocks import Block
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_normal_02
 from layerscale_jax.layers.drop_path import drop_path_rates
+from layerscale_jax.layers.params import param
 from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import resolve_init_value
 from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
@@ -54,8 +55,10 @@ class VisionTransformer(nnx.Module):
         init_value = resolve_init_value(cfg.branch_scaling, cfg.init_values, cfg.depth)
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, dtype=dt, param_dtype=pdt, rngs=rngs)
         # timm: nn.init.normal_(cls_token, std=1e-6) (the official DeiT III code: trunc_normal 0.02)
-        self.cls_token = nnx.Param(nnx.initializers.normal(stddev=1e-6)(rngs.params(), (1, 1, d), pdt))
-        self.pos_embed = nnx.Param(trunc_normal_02(rngs.params(), (1, cfg.num_patches, d), pdt))
+        self.cls_token = param(nnx.initializers.normal(stddev=1e-6)(rngs.params(), (1, 1, d), pdt), "token",
+                               (None, None, "embed"))
+        self.pos_embed = param(trunc_normal_02(rngs.params(), (1, cfg.num_patches, d), pdt), "position",
+                               (None, None, "embed"))
 
         def make_block(block_rngs):
             return Block(d, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, attention="standard",
@@ -67,7 +70,7 @@ class VisionTransformer(nnx.Module):
         avg = cfg.global_pool == "avg"
         self.norm = None if avg else layer_norm(d, eps=cfg.norm_eps, dtype=dt, param_dtype=pdt, rngs=rngs)
         self.fc_norm = layer_norm(d, eps=cfg.norm_eps, dtype=dt, param_dtype=pdt, rngs=rngs) if avg else None
-        self.head = dense(d, cfg.num_classes, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.head = dense(d, cfg.num_classes, ("embed", "classes"), dtype=dt, param_dtype=pdt, rngs=rngs)
         self.drop_path_rates = tuple(float(r) for r in drop_path_rates(cfg.drop_path_rate, cfg.depth,
                                                                          cfg.drop_path_rule))
         self.deterministic = False

@@ -12,7 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
+from layerscale_jax.layers.params import is_variable, role
 from layerscale_jax.models import groups
 from layerscale_jax.optim.transforms import along_layers, lookup
 
@@ -24,18 +26,21 @@ def _tree_norm(tree) -> jax.Array:
     return optax.tree.norm(jax.tree.map(lambda x: x.astype(jnp.float32), tree))
 
 
-# ASAM's normalisation operator T_w applies to the parameters PyTorch calls ``weight`` (the official code tests
-# ``'weight' in name``): Linear / Conv kernels and LayerNorm scales here. Biases, LayerScale λ, scalar gates, the
-# class token and the position embedding get T_w = 1, as in the official code.
-ASAM_NORMALISED_LEAVES = ("kernel", "scale")
+# ASAM's normalisation operator T_w applies to the tensors PyTorch calls ``weight`` (the official code tests
+# ``'weight' in name``): here the parameters whose role (``layers.params``) is a Dense / Conv kernel or a LayerNorm
+# scale. Biases, LoRA adapters, LayerScale λ, scalar gates, the class token and position embeddings get T_w = 1.
+ASAM_NORMALISED_ROLES = ("weight", "norm")
 ASAM_DEFAULT_ETA = 0.01
 
 
-def asam_operator(path, w: jax.Array, eta: float) -> jax.Array:
-    """ASAM's ``T_w`` for the parameter at ``path`` (an unrolled or stacked param path): ``|w| + η`` elementwise for
+def asam_operator(param: nnx.Variable, eta: float) -> jax.Array:
+    """ASAM's ``T_w`` for one parameter (an ``nnx.Variable`` carrying its role): ``|w| + η`` elementwise for
     kernels and LayerNorm scales, 1 for every other parameter (SamsungLabs/ASAM ``asam.py``)."""
-    if path and path[-1] in ASAM_NORMALISED_LEAVES:
-        return jnp.abs(w.astype(jnp.float32)) + eta
+    if not is_variable(param) or role(param) is None:
+        raise ValueError("ASAM needs each parameter's role: pass the parameters as an nnx.State of Variables that "
+                         "carry it (layers.params)")
+    if role(param) in ASAM_NORMALISED_ROLES:
+        return jnp.abs(param[...].astype(jnp.float32)) + eta
     return jnp.ones((), jnp.float32)
 
 
@@ -69,7 +74,11 @@ def sam_gradients(loss_and_grad_fn: LossAndGradFn, params, *args, rho: float, ad
     else:
         grads_for_eps = grads
     if adaptive:
-        operator = jax.tree_util.tree_map_with_path(lambda p, w: asam_operator(groups.param_path(p), w, eta), params)
+        def operator_of(w):
+            t = asam_operator(w, eta)
+            return w.replace(t)
+
+        operator = jax.tree.map(operator_of, params, is_leaf=is_variable)
         norm = _tree_norm(jax.tree.map(lambda g, t: g.astype(jnp.float32) * t, grads_for_eps, operator))
         direction = jax.tree.map(lambda g, t: g.astype(jnp.float32) * jnp.square(t), grads_for_eps, operator)
     else:

@@ -16,14 +16,8 @@ from typing import Sequence
 import numpy as np
 from flax import nnx
 
+from layerscale_jax.layers.params import DECAYED_ROLES, map_variables, role
 from layerscale_jax.models import groups
-
-# Weight decay by the parameter's leaf name (never by ndim: stacking adds a layer axis to every parameter).
-DECAYED_NAMES = ("kernel", "lora_a", "lora_b")  # Dense and Conv kernels (incl. CaiT's proj_l / proj_w), LoRA A, B
-NOT_DECAYED_NAMES = ("bias", "scale", "gamma", "alpha", "cls_token", "pos_embed",   # biases, norms, λ, gates, tokens
-                     "mask_token", "decoder_pos_embed")                             # MAE's mask token and decoder
-                                                                                    # position embedding
-
 
 def _check_decay(decay: float, min_scale: float) -> None:
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay <= 1.0:
@@ -57,23 +51,21 @@ def _map_ids(fn, ids):
 
 
 def weight_decay_mask(model: nnx.Module) -> nnx.State:
-    """``True`` where weight decay applies (kernels), ``False`` for biases, norm scales, LayerScale λ, scalar gates,
-    position embeddings and the class token — decided by name, so it is right in both layouts. A parameter with a
-    name in neither list is an error (add it to ``DECAYED_NAMES`` / ``NOT_DECAYED_NAMES``)."""
-    unknown = []
+    """``True`` where weight decay applies: the parameters whose role (``layers.params``) is ``weight`` or
+    ``adapter`` — Dense and Conv kernels, LoRA's A and B; ``False`` for biases, norms, LayerScale λ, scalar gates, tokens and position
+    embeddings. A parameter made without a role is an error."""
+    missing = []
 
-    def decays(path, _):
-        name = path[-1]
-        if name in DECAYED_NAMES:
-            return True
-        if name not in NOT_DECAYED_NAMES:
-            unknown.append(groups.path_name(path))
-        return False
+    def decays(path, variable):
+        if role(variable) is None:
+            missing.append(groups.path_name(groups.param_path(path)))
+        return role(variable) in DECAYED_ROLES
 
-    mask = groups.map_params(decays, nnx.state(model, nnx.Param))
-    if unknown:
-        raise ValueError(f"no weight-decay rule for parameter(s) {unknown}; add their names to DECAYED_NAMES or "
-                         f"NOT_DECAYED_NAMES in layerscale_jax/optim/param_rules.py")
+    mask = map_variables(decays, nnx.state(model, nnx.Param))
+    if missing:
+        raise ValueError(f"parameter(s) {missing} carry no role; create them with layerscale_jax.layers.params.param "
+                         f"(or the metadata of layers.params.metadata) so that weight decay, sharding and "
+                         f"diagnostics know what they are")
     return mask
 
 

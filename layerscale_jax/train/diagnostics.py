@@ -86,7 +86,6 @@ def branch_diagnostics(graphdef, params, batch: dict) -> dict[str, jax.Array]:
 
     # group → {layer (or "stacked"): accumulated value}
     squares: dict[str, dict] = {}
-    scales: dict[str, dict] = {}
 
     def visit_grad(path, g):
         if path[0] in BLOCK_GROUPS:
@@ -95,11 +94,6 @@ def branch_diagnostics(graphdef, params, batch: dict) -> dict[str, jax.Array]:
             acc = squares.setdefault(path[0], {})
             acc[layer] = acc.get(layer, 0.0) + _per_layer_sum(g, stacked)
 
-    def visit_param(path, w):
-        if path[0] in BLOCK_GROUPS and path[-1] in ("gamma", "alpha") and path[-2] in ("ls1", "ls2"):
-            stacked = stacked_blocks and path[0] == "blocks"
-            layer = "stacked" if stacked else int(path[1])
-            scales.setdefault((path[0], path[-2]), {})[layer] = _per_layer_mean_abs(w, stacked)
 
     def as_vector(per_layer: dict) -> jax.Array:
         if "stacked" in per_layer:
@@ -107,13 +101,19 @@ def branch_diagnostics(graphdef, params, batch: dict) -> dict[str, jax.Array]:
         return jnp.stack([per_layer[i] for i in sorted(per_layer)])
 
     groups.map_params(visit_grad, grads)
-    groups.map_params(visit_param, params)
     for group, per_layer in squares.items():
         out[f"{group}/grad_norm"] = jnp.sqrt(as_vector(per_layer))
-    for (group, which), per_layer in scales.items():
-        out[f"{group}/{BRANCHES[0] if which == 'ls1' else BRANCHES[1]}.scale"] = as_vector(per_layer)
-        if which == "ls1" and (group, "ls2") not in scales:           # ReZero: one α for both branches
-            out[f"{group}/{BRANCHES[1]}.scale"] = as_vector(per_layer)
+    model = nnx.merge(graphdef, params)
+    for group in BLOCK_GROUPS:
+        stack = getattr(model, group, None)
+        if stack is None:
+            continue
+        stacked = stacked_blocks and group == "blocks"
+        for b, branch in enumerate(BRANCHES):
+            factors = [block.branch_scales()[b].factor() for block in ([stack] if stacked else stack)]
+            if factors[0] is not None:                                 # `none`: no multiplier to show
+                out[f"{group}/{branch}.scale"] = (_per_layer_mean_abs(factors[0], True) if stacked else
+                                                  jnp.stack([_per_layer_mean_abs(f, False) for f in factors]))
     return out
 
 

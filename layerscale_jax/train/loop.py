@@ -80,26 +80,14 @@ def build_model_fns(config):
     return make, abstract, graphdef_train, graphdef_eval, abstract_params
 
 
-def state_shardings(abstract_state: dict, param_sharding, mesh) -> dict:
-    """Shardings for the whole train state: params (and EMA) by the rules; every optimizer-state leaf that mirrors
-    a parameter (same key-path suffix and shape, e.g. Adam's moments) like that parameter; the rest replicated."""
-    rep = shard_lib.replicated(mesh)
-    by_path = {tuple(path): (sharding, leaf.shape) for (path, sharding), leaf in zip(
-        jax.tree_util.tree_leaves_with_path(param_sharding), jax.tree.leaves(abstract_state["params"]))}
-
-    def like_param(path, leaf):
-        path = tuple(path)
-        for start in range(len(path)):
-            match = by_path.get(path[start:])
-            if match is not None and match[1] == leaf.shape:
-                return match[0]
-        return rep
-
-    shardings = {k: rep for k in abstract_state}
+def state_shardings(abstract_state: dict, param_sharding, mesh, rules) -> dict:
+    """Shardings for the whole train state: params (and EMA) as ``param_sharding``, the optimizer state by
+    ``sharding.opt_state_shardings``, the rest replicated."""
+    shardings = {k: shard_lib.replicated(mesh) for k in abstract_state}
     shardings["params"] = param_sharding
     if "ema" in abstract_state:
         shardings["ema"] = param_sharding
-    shardings["opt_state"] = jax.tree_util.tree_map_with_path(like_param, abstract_state["opt_state"])
+    shardings["opt_state"] = shard_lib.opt_state_shardings(abstract_state["opt_state"], mesh, rules)
     return shardings
 
 
@@ -164,17 +152,15 @@ def create_trainer(config, mesh, info=None) -> Trainer:
     task = tasks_lib.for_model(abstract_model, info.eval_split)
     optim_config = finetune_lib.optim_config(config, abstract_model)
     bundle = optim.build(optim_config, abstract_model, total_steps=tc.steps)
-    shard_lib.check_tensor_parallelism(config.model.name, abstract_model, mesh, tc.sharding_rules,
-                                       config.model.scan_layers)
-    param_sharding = shard_lib.param_shardings(abstract_params, mesh, tc.sharding_rules,
-                                               config.model.scan_layers)
+    shard_lib.check_tensor_parallelism(config.model.name, abstract_model, mesh, tc.sharding_rules)
+    param_sharding = shard_lib.param_shardings(abstract_params, mesh, tc.sharding_rules)
     use_ema = config.optim.ema_decay > 0
 
     def init_fn(params):
         return init_train_state(params, bundle.tx, tc.seed, use_ema)
 
     abstract_state = jax.eval_shape(init_fn, abstract_params)
-    shardings = state_shardings(abstract_state, param_sharding, mesh)
+    shardings = state_shardings(abstract_state, param_sharding, mesh, tc.sharding_rules)
     abstract_sharded = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                     abstract_state, shardings)
     batch_sharding = {"image": shard_lib.batch_sharding(mesh), "label": shard_lib.batch_sharding(mesh)}

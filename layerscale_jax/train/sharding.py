@@ -2,9 +2,9 @@
 
 The mesh has three axes, ``data`` (pure data parallel), ``fsdp`` (data parallel with parameters and optimizer
 state sharded) and ``tensor`` (tensor-parallel attention heads and MLP hidden units). The batch is split over
-``data`` and ``fsdp``. Each parameter has logical axis names (``embed``, ``heads``, ``mlp``, ``classes``,
-``layers``), and the config's rules map each logical name to a mesh axis (or ``None``: replicated), e.g.
-``embed → fsdp``, ``heads → tensor``, ``mlp → tensor``. A dimension that the mesh axis does not divide stays
+``data`` and ``fsdp``. Each parameter carries logical axis names (``embed``, ``heads``, ``mlp``, ``classes``,
+``layers``), set where it is created (``layers.params``), and the config's rules map each logical name to a mesh
+axis (or ``None``: replicated), e.g. ``embed → fsdp``, ``heads → tensor``, ``mlp → tensor``. A dimension that the mesh axis does not divide stays
 replicated, except on ``tensor``: there it is an error (``check_tensor_parallelism``), since a split head makes
 every block gather its activations.
 
@@ -27,6 +27,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from layerscale_jax.data.sharding import BATCH_AXES, batch_sharding  # noqa: F401  (batch_sharding: re-exported)
 from layerscale_jax.layers.partitioning import activation_sharding, logical_to_spec
+from layerscale_jax.layers.params import is_variable, logical_axes, map_variables
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Parallelism across slices (TPU multi-slice, over the data-centre network) or, where devices carry no slice, across
@@ -136,30 +137,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def _leaf_logical_axes(names: tuple[str, ...], leaf: str, ndim: int) -> tuple:
-    """Logical axes of an unstacked parameter from its module path (timm-style names) and leaf name."""
-    module = names[-1] if names else ""
-    if leaf in ("cls_token", "pos_embed"):
-        return (None, None, "embed")
-    if leaf == "gamma" or (leaf in ("scale", "bias") and module.startswith(("norm", "fc_norm"))):
-        return ("embed",)
-    if leaf == "alpha":
-        return ()
-    if module == "proj" and names[-2:-1] == ("patch_embed",):
-        return (None, None, None, "embed") if leaf == "kernel" else ("embed",)
-    table = {
-        "qkv": ("embed", "heads"), "q": ("embed", "heads"), "k": ("embed", "heads"), "v": ("embed", "heads"),
-        "proj": ("heads", "embed"), "fc1": ("embed", "mlp"), "fc2": ("mlp", "embed"),
-        "head": ("embed", "classes"), "proj_l": (None, None), "proj_w": (None, None),
-    }
-    if module in table:
-        kernel_axes = table[module]
-        if leaf in ("lora_a", "lora_b"):        # LoRA A (d_in, r), B (r, d_out): the kernel's input / output axis
-            return (kernel_axes[0], None) if leaf == "lora_a" else (None, kernel_axes[1])
-        return kernel_axes if leaf == "kernel" else kernel_axes[-1:]
-    return (None,) * ndim
-
-
 def path_names(path) -> tuple[str, ...]:
     """Module/leaf names of a parameter's key path, without list indices and the Variable's ``.value``."""
     names = []
@@ -172,18 +149,17 @@ def path_names(path) -> tuple[str, ...]:
     return tuple(names)
 
 
-def param_logical_axes(params: nnx.State, scan_layers: bool) -> Any:
-    """A tree like ``params`` holding each parameter's logical axis names (``layers`` first when stacked)."""
-    def axes(path, value):
-        names = path_names(path)
-        stacked = scan_layers and names[0] == "blocks"
-        base = _leaf_logical_axes(names[:-1], names[-1], value.ndim - int(stacked))
-        result = (("layers",) if stacked else ()) + tuple(base)
-        if len(result) != value.ndim:
-            result = (None,) * value.ndim
-        return result
+def param_logical_axes(params: nnx.State) -> Any:
+    """A tree like ``params`` (an ``nnx.State`` of the model's parameters) holding each parameter's logical axis
+    names: its ``logical_axes`` metadata, set where the parameter is created (``layers.params``)."""
+    def axes(path, variable):
+        names = logical_axes(variable)
+        if names is None or len(names) != len(variable.shape):
+            raise ValueError(f"parameter {'/'.join(path_names(path))} of shape {tuple(variable.shape)} carries "
+                             f"logical axes {names}; create it with layerscale_jax.layers.params.param")
+        return names
 
-    return jax.tree_util.tree_map_with_path(axes, params)
+    return map_variables(axes, params)
 
 
 def validate_rules(rules) -> dict[str, Any]:
@@ -214,19 +190,37 @@ def with_activation_sharding(fn, mesh: Mesh, rules):
     return wrapped
 
 
-def param_shardings(abstract_params, mesh: Mesh, rules, scan_layers: bool):
-    """NamedShardings for a (possibly abstract) parameter tree."""
+def param_shardings(abstract_params: nnx.State, mesh: Mesh, rules) -> Any:
+    """NamedShardings for a (possibly abstract) ``nnx.State`` of parameters, from their logical axes by ``rules``."""
     rules = validate_rules(rules)
-    logical = param_logical_axes(abstract_params, scan_layers)
+    logical = param_logical_axes(abstract_params)
     return jax.tree.map(lambda ax, p: NamedSharding(mesh, logical_to_spec(ax, p.shape, mesh, rules)),
                         logical, abstract_params, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def opt_state_shardings(abstract_opt_state, mesh: Mesh, rules) -> Any:
+    """Shardings for an optimizer state made by ``tx.init(params)`` from an ``nnx.State``: every leaf inside a
+    parameter's ``nnx.Variable`` by that parameter's logical axes (optax builds Adam's moments, accumulators and
+    the like with ``jax.tree.map`` over the parameters, which keeps each Variable and its metadata), so a moment is
+    sharded as its parameter is; every other leaf (step counts, scalars) replicated."""
+    rules = validate_rules(rules)
+    rep = replicated(mesh)
+
+    def sharding(node):
+        if not is_variable(node):
+            return rep
+        axes = logical_axes(node)
+        return jax.tree.map(lambda leaf: NamedSharding(mesh, logical_to_spec(axes, leaf.shape, mesh, rules))
+                            if axes is not None and len(axes) == leaf.ndim else rep, node)
+
+    return jax.tree.map(sharding, abstract_opt_state, is_leaf=is_variable)
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def check_tensor_parallelism(model_name: str, model: nnx.Module, mesh: Mesh, rules, scan_layers: bool) -> None:
+def check_tensor_parallelism(model_name: str, model: nnx.Module, mesh: Mesh, rules) -> None:
     """Refuse a ``tensor`` axis that would split what it shards: every attention module's heads (a head split
     across devices makes every block all-gather its qkv activations) and every other parameter dimension whose
     logical axis the rules put on ``tensor`` (the MLP's hidden units by default), instead of leaving it replicated
@@ -253,7 +247,7 @@ def check_tensor_parallelism(model_name: str, model: nnx.Module, mesh: Mesh, rul
             if name is not None and name != "heads" and on_tensor(name):
                 needs.setdefault(f"{name} width {dim} ({'.'.join(path_names(path)[:-1])})", dim)
 
-    jax.tree_util.tree_map_with_path(collect, param_logical_axes(params, scan_layers), params,
+    jax.tree_util.tree_map_with_path(collect, param_logical_axes(params), params,
                                      is_leaf=lambda x: isinstance(x, tuple))
     bad = [(what, n) for what, n in needs.items() if n % size]
     if bad:
