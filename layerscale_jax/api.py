@@ -2,7 +2,7 @@
 
     import layerscale_jax as lsj
 
-    config = lsj.load_config("configs/digits_layerscale.py:depth=8", {"train.steps": 300},
+    config = lsj.load_config("configs/digits_layerscale.py:depth=8", {"train.steps": 150},
                              optim={"learning_rate": 1e-2})
     run = lsj.fit(config, "runs/digits8_lr1e-2")  # trains in this process (resuming the workdir), returns a Run
     run.results["test_accuracy"], run.history[-1], run.model     # results.json, metrics.jsonl records, nnx.Module
@@ -30,7 +30,7 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import ConfigError, UserError
 from layerscale_jax.paths import as_path, is_url, read_json
 from layerscale_jax.train import config as config_lib
 from layerscale_jax.train.workdir import metrics_lines
@@ -78,7 +78,7 @@ class Run:
         records = [r for r in self.history if key in r]
         if not records:
             known = sorted({k for r in self.history for k in r} - {"step"})
-            from layerscale_jax.cli import did_you_mean
+            from layerscale_jax.errors import did_you_mean
             raise KeyError(f"no record of the history holds {key!r}{did_you_mean(key, known)}; recorded: "
                            f"{', '.join(k for k in known if not k.startswith('diag/'))} and diag/<group>.<layer>.* "
                            "(train.diagnostics)")
@@ -121,7 +121,7 @@ def override_config(config: ml_collections.ConfigDict, overrides: Mapping[str, A
         try:
             node[field] = value
         except (TypeError, ValueError) as err:
-            raise ValueError(f"config.{path}={value!r}: {err}") from None
+            raise ConfigError(f"config.{path}={value!r}: {err}") from None
     config_lib.validate_experiment_config(config)
     return config
 
@@ -238,9 +238,9 @@ def example_batch(config: ml_collections.ConfigDict, split: str = "eval", size: 
     from layerscale_jax import data as data_lib
 
     if split not in ("eval", "train"):
-        raise ValueError(f"split={split!r} is not 'eval' (the config's evaluated split) or 'train'")
+        raise ConfigError(f"split={split!r} is not 'eval' (the config's evaluated split) or 'train'")
     if size is not None and (not isinstance(size, int) or size < 1):
-        raise ValueError(f"size={size!r} must be a positive integer")
+        raise ConfigError(f"size={size!r} must be a positive integer")
     if split == "train":
         size = size or config.train.batch_size
         iterator = data_lib.make_train_iterator(config.data, global_batch_size=size, seed=config.train.seed,
@@ -264,10 +264,10 @@ def diagnose(model: nnx.Module, batch: Mapping[str, Any]) -> dict[str, np.ndarra
     from layerscale_jax.train.diagnostics import branch_diagnostics
 
     if not tasks_lib.for_model(model).uses_labels:
-        raise ValueError(f"diagnose measures a classifier's blocks on its loss; {type(model).__name__} is not one")
+        raise ConfigError(f"diagnose measures a classifier's blocks on its loss; {type(model).__name__} is not one")
     missing = {"image", "label"} - set(batch)
     if missing:
-        raise ValueError(f"batch lacks {sorted(missing)}: diagnose needs {{'image', 'label'}}")
+        raise ConfigError(f"batch lacks {sorted(missing)}: diagnose needs {{'image', 'label'}}")
     graphdef, params = _params(model, "eval")
     inputs = {k: jax.numpy.asarray(batch[k]) for k in ("image", "label", "mask") if k in batch}
     out = jax.jit(branch_diagnostics, static_argnums=0)(graphdef, params, inputs)
@@ -297,7 +297,7 @@ def evaluate(model: nnx.Module, config: ml_collections.ConfigDict, split: str | 
                             ("in_chans", info.channels)):
         found = getattr(cfg, field, expected)
         if found != expected:
-            raise ValueError(f"the model's {field}={found!r} does not match dataset {info.name!r} ({field} = "
+            raise ConfigError(f"the model's {field}={found!r} does not match dataset {info.name!r} ({field} = "
                              f"{expected})")
     mesh = shard_lib.make_mesh(config.train.mesh)
     graphdef, params = _params(model, "eval")

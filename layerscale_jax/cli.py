@@ -6,22 +6,24 @@ name, the devices, the disk — is printed as one line on stderr, ``error: <what
 file>``, and the process exits with status 2. Anything else (a bug) keeps its traceback. ``--debug`` anywhere on
 the command line, or ``LAYERSCALE_JAX_DEBUG=1`` in the environment, prints the traceback of a user error as well.
 
-What counts as a user error (``is_user_error``): ``UserError`` (raised where our code checks its input);
-``ValueError`` (every config and argument check in the package raises it, naming the field and the value);
-``OSError`` (missing, unreadable or wrongly typed files, a full disk); ``FloatingPointError`` (a run that diverged:
-its message names the step and the last complete checkpoint); argparse usage errors; a device backend that cannot
-start, and running out of device memory.
+What counts as a user error (``is_user_error``): a ``UserError`` (``layerscale_jax.errors``: raised where the input
+enters, naming the field or the file and the value; a run that diverged raises one naming the step and the last
+complete checkpoint); ``OSError`` (missing, unreadable or wrongly typed files, a full disk, a lost connection:
+the environment, not the code); argparse usage errors; a device backend that cannot start, and running out of
+device memory. Any other exception — a ``ValueError`` or ``TypeError`` from deep in the code included — is a bug
+and keeps its traceback.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import errno
 import os
 import sys
 import traceback
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
+
+from layerscale_jax.errors import UserError
 
 DEBUG_ENV = "LAYERSCALE_JAX_DEBUG"
 DEBUG_FLAG = "--debug"
@@ -30,26 +32,6 @@ MAX_MESSAGE_CHARS = 2000          # a longer message (e.g. hundreds of mismatche
 
 # A disk or permission problem is a user error even when a library wraps it in its own exception type.
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
-
-
-class UserError(Exception):
-    """A mistake in the user's input (config, file, dataset, devices, disk), reported in one line without a
-    traceback by ``run_cli``. Raise it where the input enters, naming the field or the file and the value."""
-
-
-def close_matches(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
-    """The candidates closest to ``word`` (difflib), best first."""
-    return difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)
-
-
-def did_you_mean(word: str, candidates: Iterable[str]) -> str:
-    """``" (did you mean 'a' or 'b'?)"`` for the close matches of ``word``, or ``""`` when there are none."""
-    matches = close_matches(word, candidates)
-    if not matches:
-        return ""
-    quoted = [repr(m) for m in matches]
-    listed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
-    return f" (did you mean {listed}?)"
 
 
 def debug_enabled(argv: Sequence[str] = ()) -> bool:
@@ -77,7 +59,7 @@ def _device_error(err: BaseException) -> bool:
 
 def is_user_error(err: BaseException) -> bool:
     """Whether ``run_cli`` reports ``err`` as a one-line user error (see the module docstring)."""
-    return (isinstance(err, (UserError, ValueError, OSError, FloatingPointError)) or _device_error(err)
+    return (isinstance(err, (UserError, ValueError, OSError)) or _device_error(err)
             or _disk_cause(err) is not None)
 
 

@@ -36,6 +36,7 @@ from layerscale_jax.layers.common import torch_conv_uniform
 from layerscale_jax.layers.lora import ADAPTER_NAMES, LoRALinear, adapted_layers, is_adapter_path, linear_layers
 from layerscale_jax.layers.params import logical_axes, param
 from layerscale_jax.optim.param_rules import trainable_mask
+from layerscale_jax.errors import ConfigError
 
 if TYPE_CHECKING:
     import ml_collections
@@ -72,35 +73,35 @@ def default_config() -> ml_collections.ConfigDict:
 
 def validate_config(config) -> None:
     """Raise ``ValueError`` naming the field and value for anything wrong in ``config.lora``."""
-    from layerscale_jax.cli import did_you_mean
+    from layerscale_jax.errors import did_you_mean
 
     known = set(default_config().keys())
     unknown = sorted(set(config.keys()) - known)
     if unknown:
         listed = ", ".join(f"lora.{key}{did_you_mean(key, known)}" for key in unknown)
-        raise ValueError(f"unknown config field(s) {listed}; valid fields of lora: {', '.join(sorted(known))}")
+        raise ConfigError(f"unknown config field(s) {listed}; valid fields of lora: {', '.join(sorted(known))}")
     rank = config.get("rank", 8)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"lora.rank={rank!r} must be a positive integer")
+        raise ConfigError(f"lora.rank={rank!r} must be a positive integer")
     alpha = config.get("alpha", 16.0)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not np.isfinite(alpha) or alpha <= 0:
-        raise ValueError(f"lora.alpha={alpha!r} must be a finite number > 0")
+        raise ConfigError(f"lora.alpha={alpha!r} must be a finite number > 0")
     dropout = config.get("dropout", 0.0)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise ValueError(f"lora.dropout={dropout!r} must lie in [0, 1)")
+        raise ConfigError(f"lora.dropout={dropout!r} must lie in [0, 1)")
     targets = _targets(config.get("targets", DEFAULT_TARGETS))
     if not targets:
-        raise ValueError("lora.targets is empty: give at least one regex over kernel paths")
+        raise ConfigError("lora.targets is empty: give at least one regex over kernel paths")
     for pattern in targets:
         if not isinstance(pattern, str):
-            raise ValueError(f"lora.targets entry {pattern!r} must be a regex string")
+            raise ConfigError(f"lora.targets entry {pattern!r} must be a regex string")
         try:
             re.compile(pattern)
         except re.error as err:
-            raise ValueError(f"lora.targets regex {pattern!r} does not compile: {err}") from None
+            raise ConfigError(f"lora.targets regex {pattern!r} does not compile: {err}") from None
     for field in ("train_head", "train_norms", "train_layerscale"):
         if not isinstance(config.get(field, False), bool):
-            raise ValueError(f"lora.{field}={config.get(field)!r} must be a bool")
+            raise ConfigError(f"lora.{field}={config.get(field)!r} must be a bool")
 
 
 def _targets(targets) -> tuple[str, ...]:
@@ -141,17 +142,17 @@ def add_adapters(model: nnx.Module, *, rank: int, alpha: float, dropout: float =
     """
     targets = _targets(targets)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"lora rank={rank!r} must be a positive integer")
+        raise ConfigError(f"lora rank={rank!r} must be a positive integer")
     if not (isinstance(alpha, (int, float)) and np.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"lora alpha={alpha!r} must be a finite number > 0")
+        raise ConfigError(f"lora alpha={alpha!r} must be a finite number > 0")
     if not 0.0 <= float(dropout) < 1.0:
-        raise ValueError(f"lora dropout={dropout!r} must lie in [0, 1)")
+        raise ConfigError(f"lora dropout={dropout!r} must lie in [0, 1)")
     compiled = []
     for pattern in targets:
         try:
             compiled.append(re.compile(pattern))
         except re.error as err:
-            raise ValueError(f"lora target regex {pattern!r} does not compile: {err}") from None
+            raise ConfigError(f"lora target regex {pattern!r} does not compile: {err}") from None
     key = rngs.params() if isinstance(rngs, nnx.Rngs) else jax.random.key(int(rngs))
 
     used = [False] * len(compiled)
@@ -170,20 +171,20 @@ def add_adapters(model: nnx.Module, *, rank: int, alpha: float, dropout: float =
             plan.append((path, layer, active))
     unused = [p for p, u in zip(targets, used) if not u]
     if unused:
-        raise ValueError(f"lora target regex(es) {unused} match no dense layer (each is re.fullmatch'ed against "
+        raise ConfigError(f"lora target regex(es) {unused} match no dense layer (each is re.fullmatch'ed against "
                          f"kernel paths such as {examples})")
 
     adapted = []
     for path, layer, active in plan:
         name = _name(path + ("kernel",))
         if path[-1] in _UNADAPTABLE:
-            raise ValueError(f"lora target {name!r}: the talking-heads mixings (proj_l, proj_w) read their kernel "
+            raise ConfigError(f"lora target {name!r}: the talking-heads mixings (proj_l, proj_w) read their kernel "
                              "directly and cannot carry an adapter")
         if isinstance(layer, LoRALinear):
-            raise ValueError(f"lora target {name!r} already has an adapter")
+            raise ConfigError(f"lora target {name!r} already has an adapter")
         d_in, d_out = layer.in_features, layer.out_features
         if rank > min(d_in, d_out):
-            raise ValueError(f"lora rank={rank} exceeds min(d_in, d_out) = {min(d_in, d_out)} of {name!r} "
+            raise ConfigError(f"lora rank={rank} exceeds min(d_in, d_out) = {min(d_in, d_out)} of {name!r} "
                              f"(kernel {d_in} × {d_out})")
         layer_paths = _layer_module_paths(model, path)
         init = torch_conv_uniform(d_in)
@@ -225,7 +226,7 @@ def frozen_patterns(model: nnx.Module, *, train_head: bool = True, train_norms: 
     norms and LayerScale's λ) is frozen; so are the adapters of layers a target did not match in a stacked kernel
     (their ``B`` stays 0)."""
     if not adapted_layers(model):
-        raise ValueError("the model has no LoRA adapters: call add_adapters (or apply_config) first")
+        raise ConfigError("the model has no LoRA adapters: call add_adapters (or apply_config) first")
     keep = [r".*/lora_[ab]"]
     if train_head:
         keep.append(r"head/.*")
@@ -295,7 +296,7 @@ def save_adapters(model: nnx.Module, out_dir: str | Path, *, overwrite: bool = F
     import orbax.checkpoint as ocp
 
     if any(layer.lora_merged for _, layer in adapted_layers(model)):
-        raise ValueError("the adapters are merged into the base weights; unmerge(model) before saving them")
+        raise ConfigError("the adapters are merged into the base weights; unmerge(model) before saving them")
     out = Path(out_dir).absolute()
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(out / "adapters", adapter_state(model), force=overwrite)
@@ -323,7 +324,7 @@ def load_adapters(model: nnx.Module, path: str | Path) -> nnx.Module:
         if layers and record[field] != mine[field]:
             problems.append(f"{field}: file {record[field]!r}, model {mine[field]!r}")
     if problems:
-        raise ValueError(f"cannot load adapters {str(path)!r}: " + "; ".join(problems))
+        raise ConfigError(f"cannot load adapters {str(path)!r}: " + "; ".join(problems))
     target = {name: {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=getattr(v, "sharding", None))
                      for k, v in entry.items()} for name, entry in adapter_state(model).items()}
     restored = ocp.StandardCheckpointer().restore(path / "adapters", target)

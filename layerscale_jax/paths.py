@@ -15,7 +15,7 @@ import re
 
 from etils import epath
 
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import UserError
 
 CLOUD_SCHEMES = ("gs",)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")

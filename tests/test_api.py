@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 import layerscale_jax as lsj
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import UserError
 from layerscale_jax.train.__main__ import parse_command_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -200,12 +200,31 @@ def test_debug_switch_adds_the_traceback(files, tmp_path):
     assert run_cli(convert_main, [*args, "--debug"]) == 2          # the flag works as the variable does
 
 
-def test_a_bug_keeps_its_traceback():
+@pytest.mark.parametrize("bug", [KeyError("internal"), TypeError("unsupported operand"),
+                                 FloatingPointError("overflow")])
+def test_a_bug_keeps_its_traceback(bug):
+    """Only the user-error types of layerscale_jax.errors (and the environment's OSError) become one line: a
+    ValueError from deep in the code is a bug, not a config mistake, and keeps its traceback."""
     def buggy(argv):
-        raise KeyError("internal")
+        raise bug
 
-    with pytest.raises(KeyError):
+    with pytest.raises(type(bug)):
         run_cli(buggy, [])
+
+
+def test_the_user_error_types_become_one_line(capsys):
+    from layerscale_jax.errors import ConfigError, InputFileError, UserError
+    from layerscale_jax.train.loop import NonFiniteError
+
+    for err in (ConfigError("train.steps=0 must be a positive integer"), InputFileError("'w.npz' is not valid"),
+                UserError("no such dataset"), NonFiniteError("non-finite loss at step 3"),
+                FileNotFoundError("'x.py' does not exist")):
+        def main(argv, err=err):
+            raise err
+
+        assert run_cli(main, []) == 2
+        assert capsys.readouterr().err == f"error: {err}\n"
+    assert issubclass(ConfigError, ValueError) and issubclass(InputFileError, ValueError)
 
 
 def test_long_messages_are_joined_and_cut():

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import layerscale_jax as lsj
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import UserError
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train.targets import CHIPS, GiB, parse_target
 

@@ -1,7 +1,8 @@
 """Every Python example of README.md, docs/*.md and the Python API's docstring runs as written, in the order a reader
 meets it, on a fresh clone: each page's blocks in one interpreter (a later block uses what an earlier one made),
 started in an empty directory holding only the clone's ``configs/`` (so ``runs/...`` workdirs are new, as on a fresh
-clone). Slow: the pages train the digits runs they show (python_api.md: depth 8 and depth 24, 300 steps each)."""
+clone). Slow: the pages train the digits runs they show (README: depth 8 for 300 steps; python_api.md: depth 8 for
+150 steps, then depth 12 for 120 steps, twice)."""
 import os
 import re
 import subprocess

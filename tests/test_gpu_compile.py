@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import UserError
 from layerscale_jax.train import gpu_targets
 
 MISSING = gpu_targets.missing_requirements()

@@ -11,7 +11,8 @@ import sys
 import pytest
 from jax._src import clusters
 
-from layerscale_jax.cli import UserError, run_cli
+from layerscale_jax.cli import run_cli
+from layerscale_jax.errors import UserError
 from layerscale_jax.train import launch as launch_lib
 from layerscale_jax.train.__main__ import main as train_main
 from layerscale_jax.train.launch import Launch, resolve_launch

@@ -5,7 +5,7 @@ line. Which hosts read the same rows: tests/test_pod_topology.py
 (``test_tensor_across_hosts_makes_those_hosts_read_the_same_rows``)."""
 import pytest
 
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import UserError
 from layerscale_jax.train import loop as loop_lib
 from layerscale_jax.train.loop import replica_mismatch
 

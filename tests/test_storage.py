@@ -10,7 +10,7 @@ import sys
 import pytest
 from etils import epath
 
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import UserError
 from layerscale_jax.data.sources import resolve_data_dir
 from layerscale_jax.paths import as_path, write_text_atomically
 from layerscale_jax.train import loop as loop_lib

@@ -552,7 +552,7 @@ def test_a_save_that_cannot_create_its_step_directory_stops_without_waiting_for_
 @pytest.mark.slow
 @pytest.mark.parametrize("damaged", ["results.json", "config.json"])
 def test_a_damaged_results_or_config_file_is_named_with_what_to_do(finished, tmp_path, damaged):
-    from layerscale_jax.cli import UserError
+    from layerscale_jax.errors import UserError
     workdir = copy_run(finished, tmp_path, f"damaged_{damaged}")
     with open(os.path.join(workdir, damaged), "w") as f:
         f.write('{"steps": 6, model')

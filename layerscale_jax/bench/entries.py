@@ -24,6 +24,7 @@ from layerscale_jax.bench.report import report, show, summarize
 from layerscale_jax.bench.step import (CompiledStep, StepSpec, init_state, make_optimizer, make_step_fn,
                                        measure_train_step, prepare, synthetic_batch, xla_cost)
 from layerscale_jax.bench.timing import REPO, compiled_memory, run_fresh
+from layerscale_jax.errors import ConfigError
 
 DTYPES, DEPTHS = ("float32", "bfloat16"), (12, 24, 48, 96)
 # The depth-ablation model (configs/digits_layerscale.py): 8×8×1 digits, patch 2, width 64, 4 heads.
@@ -158,7 +159,7 @@ def bench_xla_options(options: tuple[str, ...] = tuple(CPU_OPTIONS), repeats: in
     speed-up = default step time / the option's; library fusions counted; a rejected option set is an error."""
     names = ["xla_default", *[n for n in options if n != "xla_default"]]
     if unknown := [n for n in names if n not in CPU_OPTIONS]:
-        raise ValueError(f"--options: unknown XLA option set(s) {unknown}; known: {sorted(CPU_OPTIONS)}")
+        raise ConfigError(f"--options: unknown XLA option set(s) {unknown}; known: {sorted(CPU_OPTIONS)}")
     rows = []
     for case, spec in cases or [("deit3_small b16 fp32", StepSpec(batch=16)),
                                 ("ablation d6 b128", StepSpec(batch=128, overrides=dict(ABLATION, depth=6)))]:
@@ -344,7 +345,7 @@ def run_all(quick: bool = False, only: tuple[str, ...] | None = None, max_load: 
     from layerscale_jax.bench.timm_worker import check_python
     check_python(timm_python)
     if unknown := set(only or ()) - set(SUITE):
-        raise ValueError(f"--only: unknown entries {sorted(unknown)}; the suite: {','.join(SUITE)}")
+        raise ConfigError(f"--only: unknown entries {sorted(unknown)}; the suite: {','.join(SUITE)}")
     now, t_start = lambda: datetime.datetime.now().isoformat("T", "seconds"), time.time()
     info = timing.machine_info()
     path = REPO / f"benchmarks/results/{results_name(info)}_{datetime.date.today()}.json"

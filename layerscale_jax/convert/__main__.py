@@ -25,7 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from layerscale_jax.cli import UserError, run_cli
+from layerscale_jax.cli import run_cli
+from layerscale_jax.errors import UserError
 from layerscale_jax.convert.files import write_state_dict
 from layerscale_jax.convert.pretrained import (MODEL_JSON, PARAMS_DIR, from_timm, is_training_workdir, load_model,
                                                load_workdir, read_model_json, save_pretrained, to_timm)

@@ -9,7 +9,7 @@ from typing import Mapping
 
 import numpy as np
 
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import InputFileError, UserError
 from layerscale_jax.convert.naming import to_numpy, unwrap_state_dict
 
 
@@ -38,19 +38,19 @@ def read_state_dict(path: str | Path) -> dict[str, np.ndarray]:
         try:
             tensors = load_file(str(path))
         except Exception as err:  # safetensors raises its own SafetensorError (header too large, truncated, ...)
-            raise ValueError(f"{str(path)!r} is not a valid safetensors file ({err})") from err
+            raise InputFileError(f"{str(path)!r} is not a valid safetensors file ({err})") from err
     elif suffix == ".npz":
         try:
             with np.load(path, allow_pickle=False) as npz:
                 tensors = {k: npz[k] for k in npz.files}
         except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
-            raise ValueError(f"{str(path)!r} is not a valid .npz file of arrays ({err})") from err
+            raise InputFileError(f"{str(path)!r} is not a valid .npz file of arrays ({err})") from err
         except AttributeError as err:   # np.load returned a single array (an .npy file named .npz)
-            raise ValueError(f"{str(path)!r} is not a valid .npz file of arrays (it holds one array)") from err
+            raise InputFileError(f"{str(path)!r} is not a valid .npz file of arrays (it holds one array)") from err
     elif suffix in TORCH_SUFFIXES:
         tensors = _torch_load(path)
     else:
-        raise ValueError(f"{str(path)!r}: unknown weights format {suffix!r}; expected one of {TIMM_SUFFIXES} "
+        raise InputFileError(f"{str(path)!r}: unknown weights format {suffix!r}; expected one of {TIMM_SUFFIXES} "
                          "or an orbax directory written by save_pretrained")
     return flatten_tensors(tensors)
 
@@ -64,7 +64,7 @@ def _torch_load(path: Path) -> Mapping:
     try:
         return torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises UnpicklingError for anything beyond tensors and containers
-        raise ValueError(
+        raise InputFileError(
             f"{str(path)!r} could not be read with torch.load(weights_only=True) (it holds more than tensors, "
             f"e.g. pickled training arguments): {err}. Re-save only its state dict, or convert it to safetensors "
             "in a trusted environment; arbitrary pickles are never loaded here.") from err
@@ -87,7 +87,7 @@ def write_state_dict(tensors: Mapping[str, np.ndarray], path: str | Path) -> Pat
     write (a full or read-only disk: one ``UserError`` naming the file) leaves no partial file."""
     path = Path(path)
     if path.suffix not in (".safetensors", ".npz"):
-        raise ValueError(f"{str(path)!r}: export writes .safetensors or .npz, not {path.suffix!r}")
+        raise InputFileError(f"{str(path)!r}: export writes .safetensors or .npz, not {path.suffix!r}")
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     partial = path.with_name(path.name + ".partial" + path.suffix)    # renamed over path once whole
     try:

@@ -55,7 +55,7 @@ from collections.abc import Mapping
 
 import ml_collections
 
-from layerscale_jax.cli import did_you_mean
+from layerscale_jax.errors import ConfigError, did_you_mean
 from layerscale_jax.paths import as_path
 
 DIGITS = "digits"
@@ -201,32 +201,32 @@ def _check_unknown(obj, known, prefix):
     unknown = sorted(fields - set(known))
     if unknown:
         listed = ", ".join(f"{prefix}{u}{did_you_mean(u, known)}" for u in unknown)
-        raise ValueError(f"unknown field(s) {listed}; known: {sorted(known)}")
+        raise ConfigError(f"unknown field(s) {listed}; known: {sorted(known)}")
 
 
 def _int(value, field, minimum=None):
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"data.{field} must be an int, got {value!r}")
+        raise ConfigError(f"data.{field} must be an int, got {value!r}")
     if minimum is not None and value < minimum:
-        raise ValueError(f"data.{field} must be >= {minimum}, got {value!r}")
+        raise ConfigError(f"data.{field} must be >= {minimum}, got {value!r}")
     return int(value)
 
 
 def _float(value, field, lo=None, hi=None, hi_open=False):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"data.{field} must be a number, got {value!r}")
+        raise ConfigError(f"data.{field} must be a number, got {value!r}")
     value = float(value)
     if not math.isfinite(value):
-        raise ValueError(f"data.{field} must be a finite number, got {value!r}")
+        raise ConfigError(f"data.{field} must be a finite number, got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and (value >= hi if hi_open else value > hi)):
         bracket = ")" if hi_open else "]"
-        raise ValueError(f"data.{field} must be in [{lo}, {hi}{bracket}, got {value!r}")
+        raise ConfigError(f"data.{field} must be in [{lo}, {hi}{bracket}, got {value!r}")
     return value
 
 
 def _bool(value, field):
     if not isinstance(value, bool):
-        raise ValueError(f"data.{field} must be True or False, got {value!r}")
+        raise ConfigError(f"data.{field} must be True or False, got {value!r}")
     return value
 
 
@@ -238,7 +238,7 @@ def parse_randaugment(spec):
     if spec is None or spec == "":
         return None
     if not isinstance(spec, str) or not _RAND_RE.match(spec):
-        raise ValueError(
+        raise ConfigError(
             f"data.augment.randaugment must be None or like 'rand-m9-n2-mstd0.5-inc1', got {spec!r}"
         )
     kwargs = {}
@@ -253,10 +253,10 @@ def parse_randaugment(spec):
             elif part.startswith("inc"):
                 kwargs["increasing"] = part == "inc1"
         except ValueError:
-            raise ValueError(f"data.augment.randaugment={spec!r}: {part!r} is not a number") from None
+            raise ConfigError(f"data.augment.randaugment={spec!r}: {part!r} is not a number") from None
     parsed = RandAugmentSpec(**kwargs)
     if not 0 <= parsed.magnitude <= 10 or parsed.num_ops < 1:
-        raise ValueError(f"data.augment.randaugment needs 0 <= m <= 10 and n >= 1, got {spec!r}")
+        raise ConfigError(f"data.augment.randaugment needs 0 <= m <= 10 and n >= 1, got {spec!r}")
     return parsed
 
 
@@ -266,7 +266,7 @@ def validate_data_config(cfg):
         return cfg
     name = _get(cfg, "name", DIGITS)
     if not isinstance(name, str) or not name or name != name.strip():
-        raise ValueError(f"data.name must be 'digits', 'synthetic' or a TFDS dataset name, got {name!r}")
+        raise ConfigError(f"data.name must be 'digits', 'synthetic' or a TFDS dataset name, got {name!r}")
     defaults = default_data_config(name)
     _check_unknown(cfg, defaults.keys(), "data.")
 
@@ -275,16 +275,16 @@ def validate_data_config(cfg):
 
     data_dir = get("data_dir")
     if data_dir is not None and (not isinstance(data_dir, str) or not data_dir):
-        raise ValueError(f"data.data_dir must be None or a non-empty path string, got {data_dir!r}")
+        raise ConfigError(f"data.data_dir must be None or a non-empty path string, got {data_dir!r}")
     if data_dir is not None:
         as_path(data_dir, "data.data_dir")       # a local path, file:// or gs://
     image_size = _int(get("image_size"), "image_size", 1)
     train_split = get("train_split")
     if not isinstance(train_split, str) or not train_split.strip():
-        raise ValueError(f"data.train_split must be a split name such as 'train', got {train_split!r}")
+        raise ConfigError(f"data.train_split must be a split name such as 'train', got {train_split!r}")
     eval_split = get("eval_split")
     if eval_split is not None and (not isinstance(eval_split, str) or not eval_split.strip()):
-        raise ValueError(f"data.eval_split must be None or a split name such as 'test', got {eval_split!r}")
+        raise ConfigError(f"data.eval_split must be None or a split name such as 'test', got {eval_split!r}")
 
     aug = _get(cfg, "augment", None)
     aug_defaults = defaults.augment
@@ -302,13 +302,13 @@ def validate_data_config(cfg):
         or not all(isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) for s in scale)
         or not 0 < scale[0] <= scale[1] <= 1
     ):
-        raise ValueError(f"data.augment.crop_scale must be (min, max) with 0 < min <= max <= 1, got {scale!r}")
+        raise ConfigError(f"data.augment.crop_scale must be (min, max) with 0 < min <= max <= 1, got {scale!r}")
     interpolation = aget("interpolation")
     if interpolation not in INTERPOLATIONS:
-        raise ValueError(f"data.augment.interpolation must be 'bicubic' or 'bilinear', got {interpolation!r}")
+        raise ConfigError(f"data.augment.interpolation must be 'bicubic' or 'bilinear', got {interpolation!r}")
     crop_padding = _int(aget("crop_padding"), "augment.crop_padding", 0)
     if crop_padding >= image_size:
-        raise ValueError(
+        raise ConfigError(
             f"data.augment.crop_padding must be smaller than data.image_size={image_size}, got {crop_padding}"
         )
     augment = AugmentSettings(
@@ -323,7 +323,7 @@ def validate_data_config(cfg):
     )
     channels = _int(get("channels"), "channels", 1)
     if channels not in (1, 3):
-        raise ValueError(f"data.channels must be 1 or 3, got {channels}")
+        raise ConfigError(f"data.channels must be 1 or 3, got {channels}")
     jpeg_shape = get("synthetic_jpeg_shape")
     if jpeg_shape is not None:
         if (
@@ -331,7 +331,7 @@ def validate_data_config(cfg):
             or len(jpeg_shape) != 2
             or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in jpeg_shape)
         ):
-            raise ValueError(f"data.synthetic_jpeg_shape must be None or (height, width), got {jpeg_shape!r}")
+            raise ConfigError(f"data.synthetic_jpeg_shape must be None or (height, width), got {jpeg_shape!r}")
         jpeg_shape = (int(jpeg_shape[0]), int(jpeg_shape[1]))
     return DataSettings(
         name=name,

@@ -12,6 +12,8 @@ the mirrored batch position (the batch reversed along axis 0).
 import jax
 import jax.numpy as jnp
 
+from layerscale_jax.errors import ConfigError
+
 
 def smoothed_one_hot(labels, num_classes, label_smoothing):
     off = label_smoothing / num_classes
@@ -43,9 +45,9 @@ def mixup_cutmix(rng, images, labels, *, num_classes, mixup_alpha, cutmix_alpha,
     """
     for name, value in (("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)):
         if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+            raise ConfigError(f"{name} must be >= 0, got {value}")
     if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        raise ConfigError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     targets = smoothed_one_hot(labels, num_classes, label_smoothing)
     if mixup_alpha == 0 and cutmix_alpha == 0:
         return images, targets

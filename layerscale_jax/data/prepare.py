@@ -20,7 +20,7 @@ import sys
 import urllib.parse
 import urllib.request
 
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import UserError
 
 CONNECT_TIMEOUT_S = 10
 

@@ -13,6 +13,8 @@ Geometric ops fill with the dataset mean colour and use bilinear resampling (tim
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
+from layerscale_jax.errors import ConfigError
+
 OPS = (
     "AutoContrast",
     "Equalize",
@@ -83,7 +85,7 @@ def apply_op(name, img, level, increasing, rng, fill):
         return _affine(img, (1, 0, _signed(0.45 * level, rng) * w, 0, 1, 0), fill)
     if name == "TranslateYRel":
         return _affine(img, (1, 0, 0, 0, 1, _signed(0.45 * level, rng) * h), fill)
-    raise ValueError(f"unknown RandAugment op {name!r}")
+    raise ConfigError(f"unknown RandAugment op {name!r}")
 
 
 def rand_augment(img, spec, rng, fill):

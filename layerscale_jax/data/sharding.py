@@ -17,13 +17,15 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from layerscale_jax.errors import ConfigError
+
 BATCH_AXES = ("data", "fsdp")
 
 
 def _present(axis_names, batch_axes):
     axes = tuple(a for a in batch_axes if a in axis_names)
     if not axes:
-        raise ValueError(f"none of batch_axes={batch_axes} is an axis of the mesh (axes: {tuple(axis_names)})")
+        raise ConfigError(f"none of batch_axes={batch_axes} is an axis of the mesh (axes: {tuple(axis_names)})")
     return axes
 
 
@@ -41,16 +43,16 @@ def normalize_rows(rows, global_batch_size):
     try:
         blocks = sorted((int(start), int(stop)) for start, stop in rows)
     except (TypeError, ValueError):
-        raise ValueError(f"rows={rows!r} must be a sequence of (start, stop) pairs of ints") from None
+        raise ConfigError(f"rows={rows!r} must be a sequence of (start, stop) pairs of ints") from None
     if not blocks:
-        raise ValueError(f"rows={rows!r} is empty: a process reads at least one row of each global batch")
+        raise ConfigError(f"rows={rows!r} is empty: a process reads at least one row of each global batch")
     merged = []
     for start, stop in blocks:
         if not 0 <= start < stop <= global_batch_size:
-            raise ValueError(f"rows={rows!r}: block ({start}, {stop}) must satisfy 0 <= start < stop <= "
+            raise ConfigError(f"rows={rows!r}: block ({start}, {stop}) must satisfy 0 <= start < stop <= "
                              f"global_batch_size={global_batch_size}")
         if merged and start < merged[-1][1]:
-            raise ValueError(f"rows={rows!r}: blocks overlap at row {start}")
+            raise ConfigError(f"rows={rows!r}: blocks overlap at row {start}")
         if merged and start == merged[-1][1]:
             merged[-1] = (merged[-1][0], stop)
         else:
@@ -75,7 +77,7 @@ def device_rows(devices, axis_names, global_batch_size, batch_axes=BATCH_AXES):
     positions = [axis_names.index(a) for a in _present(axis_names, batch_axes)]
     shards = math.prod(devices.shape[p] for p in positions)
     if global_batch_size % shards:
-        raise ValueError(f"global batch of {global_batch_size} rows is not divisible by the {shards} shards of the "
+        raise ConfigError(f"global batch of {global_batch_size} rows is not divisible by the {shards} shards of the "
                          f"mesh's batch axes {dict((axis_names[p], devices.shape[p]) for p in positions)}")
     per_shard = global_batch_size // shards
     out = {}

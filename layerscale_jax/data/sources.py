@@ -20,6 +20,7 @@ import numpy as np
 
 from layerscale_jax.data.config import DIGITS, SYNTHETIC
 from layerscale_jax.paths import as_path, is_url
+from layerscale_jax.errors import ConfigError
 
 PREPARE_MODULE = "layerscale_jax.data.prepare"
 
@@ -77,12 +78,12 @@ def tfds_builder(name, data_dir):
         return tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as e:
         # TFDS's own message lists all ~450 dataset names; name the closest few instead.
-        from layerscale_jax.cli import did_you_mean
+        from layerscale_jax.errors import did_you_mean
 
         base = name.split("/")[0].split(":")[0]
         known = [DIGITS, SYNTHETIC] + list(tfds.list_builders(with_community_datasets=False))
         detail = did_you_mean(base, known) if base not in known else f" ({str(e).splitlines()[0]})"
-        raise ValueError(
+        raise ConfigError(
             f"data.name={name!r} is neither 'digits', 'synthetic' nor a TFDS dataset name{detail}"
         ) from None
 
@@ -170,13 +171,13 @@ def split_names(builder, train_split="train", eval_split=None):
     if eval_split is None:
         eval_split = next((s for s in ("test", "validation") if s in splits), None)
         if eval_split is None:
-            raise ValueError(f"TFDS dataset '{builder.name}' has neither a 'test' nor a 'validation' split "
+            raise ConfigError(f"TFDS dataset '{builder.name}' has neither a 'test' nor a 'validation' split "
                              f"(splits: {sorted(splits)}); name one with data.eval_split")
     for field, split in (("train_split", train_split), ("eval_split", eval_split)):
         try:
             builder.info.splits[split]
         except (KeyError, ValueError) as e:
-            raise ValueError(f"data.{field}={split!r} is not a split of TFDS dataset '{builder.name}' "
+            raise ConfigError(f"data.{field}={split!r} is not a split of TFDS dataset '{builder.name}' "
                              f"(splits: {sorted(splits)}): {str(e).splitlines()[0]}") from None
     return train_split, eval_split
 
@@ -325,7 +326,7 @@ def open_sources(settings):
         for field, split, allowed in (("train_split", settings.train_split, "train"),
                                       ("eval_split", settings.eval_split or "test", "test")):
             if split != allowed:
-                raise ValueError(f"data.{field}={split!r}: the 'synthetic' dataset has the splits 'train' (trained "
+                raise ConfigError(f"data.{field}={split!r}: the 'synthetic' dataset has the splits 'train' (trained "
                                  f"on) and 'test' (evaluated) only")
         make = lambda split, n: SyntheticSource(  # noqa: E731
             split, n, settings.image_size, settings.channels, settings.num_classes, settings.synthetic_jpeg_shape
@@ -343,7 +344,7 @@ def open_sources(settings):
     features = builder.info.features
     num_classes = getattr(features[label_key], "num_classes", None)
     if not num_classes:
-        raise ValueError(f"TFDS dataset '{settings.name}' feature '{label_key}' is not a ClassLabel")
+        raise ConfigError(f"TFDS dataset '{settings.name}' feature '{label_key}' is not a ClassLabel")
     shape = getattr(features[image_key], "shape", None)
     channels = shape[-1] if shape and shape[-1] in (1, 3) else 3
     splits = builder.info.splits

@@ -42,6 +42,8 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image, ImageFilter, ImageOps
 
+from layerscale_jax.errors import ConfigError
+
 RRC_RATIO = (3.0 / 4.0, 4.0 / 3.0)  # torchvision / timm RandomResizedCrop aspect-ratio range.
 RRC_ATTEMPTS = 10
 
@@ -52,7 +54,7 @@ def _array(raw, channels):
         return None
     arr = raw[..., None] if raw.ndim == 2 else raw
     if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[-1] != channels or 0 in arr.shape:
-        raise ValueError(f"expected a uint8 [H, W, {channels}] image, got {arr.dtype} {arr.shape}")
+        raise ConfigError(f"expected a uint8 [H, W, {channels}] image, got {arr.dtype} {arr.shape}")
     return arr
 
 
@@ -61,11 +63,11 @@ def _open(raw):
     if isinstance(raw, np.ndarray):
         raw = raw.item()
     if not isinstance(raw, (bytes, bytearray)):
-        raise ValueError(f"expected encoded image bytes or a uint8 array, got {type(raw).__name__}")
+        raise ConfigError(f"expected encoded image bytes or a uint8 array, got {type(raw).__name__}")
     try:
         return Image.open(io.BytesIO(raw)), raw
     except Exception as e:  # PIL raises UnidentifiedImageError, SyntaxError, ...
-        raise ValueError(f"cannot decode image ({len(raw)} bytes): {type(e).__name__}: {e}") from None
+        raise ConfigError(f"cannot decode image ({len(raw)} bytes): {type(e).__name__}: {e}") from None
 
 
 def _load(img, raw, channels):
@@ -75,7 +77,7 @@ def _load(img, raw, channels):
         img.load()
         return img if img.mode == mode else img.convert(mode)
     except Exception as e:  # OSError (truncated), ...
-        raise ValueError(f"cannot decode image ({len(raw)} bytes): {type(e).__name__}: {e}") from None
+        raise ConfigError(f"cannot decode image ({len(raw)} bytes): {type(e).__name__}: {e}") from None
 
 
 def decode_image(raw, channels):

@@ -17,6 +17,7 @@ from flax import nnx
 
 from layerscale_jax.layers.common import dense, linear
 from layerscale_jax.layers.partitioning import constrain, target_platform
+from layerscale_jax.errors import ConfigError
 
 # How ``Attention`` computes softmax(q kᵀ / √d_h) v (the same function every way; only the speed differs), the
 # model field ``attention_impl``:
@@ -40,7 +41,7 @@ CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 def validate_attention_impl(value) -> None:
     if value not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"attention_impl={value!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
+        raise ConfigError(f"attention_impl={value!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
 
 
 def cudnn_supports(dtype, head_dim: int) -> bool:

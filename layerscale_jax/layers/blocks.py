@@ -34,6 +34,7 @@ from layerscale_jax.layers.drop_path import DropPath
 from layerscale_jax.layers.lora import dropout_rng
 from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import keeps_layernorm, make_branch_scale, shares_scale_across_branches
+from layerscale_jax.errors import ConfigError
 
 
 def _stream(x: jnp.ndarray) -> jnp.ndarray:
@@ -94,7 +95,7 @@ class Block(_ScaledResidualBlock):
             self.attn = TalkingHeadsAttention(dim, num_heads, qkv_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype,
                                               rngs=rngs)
         else:
-            raise ValueError(f"attention={attention!r} is not one of ('standard', 'talking_heads')")
+            raise ConfigError(f"attention={attention!r} is not one of ('standard', 'talking_heads')")
         self.ls1 = make_branch_scale(branch_scaling, dim, init_value)
         self.norm2 = layer_norm(dim, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if norm else None
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dtype=dtype, param_dtype=param_dtype, rngs=rngs)

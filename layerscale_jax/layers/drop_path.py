@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from layerscale_jax.errors import ConfigError
+
 DROP_PATH_RULES = ("linear", "constant")
 
 
@@ -23,7 +25,7 @@ def drop_path_rates(drop_path_rate: float, depth: int, rule: str) -> np.ndarray:
         return np.linspace(0.0, drop_path_rate, depth, dtype=np.float32)
     if rule == "constant":
         return np.full((depth,), drop_path_rate, dtype=np.float32)
-    raise ValueError(f"drop_path_rule={rule!r} is not one of {DROP_PATH_RULES}")
+    raise ConfigError(f"drop_path_rule={rule!r} is not one of {DROP_PATH_RULES}")
 
 
 def drop_path(x: jnp.ndarray, rate, key: jax.Array | None) -> jnp.ndarray:
@@ -46,7 +48,7 @@ class DropPath(nnx.Module):
         if self.deterministic or (isinstance(rate, (float, int)) and rate == 0.0):
             return x
         if key is None:
-            raise ValueError(
+            raise ConfigError(
                 f"DropPath with rate {rate} in train mode needs a PRNG key: call model(images, key=...) "
                 "or switch to eval mode with model.eval()")
         return drop_path(x, rate, key)

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from layerscale_jax.layers.params import param
+from layerscale_jax.errors import ConfigError
 
 BRANCH_SCALINGS = ("none", "layerscale", "scalar", "scalar_zero", "rezero", "skipinit")
 ZERO_INIT_SCALINGS = ("scalar_zero", "rezero", "skipinit")          # α = 0 by definition
@@ -73,13 +74,13 @@ def resolve_init_value(branch_scaling: str, init_values: InitValues, depth: int)
 
 def validate_branch_scaling(branch_scaling: str, init_values: InitValues) -> None:
     if branch_scaling not in BRANCH_SCALINGS:
-        raise ValueError(f"branch_scaling={branch_scaling!r} is not one of {BRANCH_SCALINGS}")
+        raise ConfigError(f"branch_scaling={branch_scaling!r} is not one of {BRANCH_SCALINGS}")
     if branch_scaling in ("layerscale", "scalar"):
         if isinstance(init_values, str):
             if init_values != "auto":
-                raise ValueError(f"init_values={init_values!r}: expected a float or 'auto'")
+                raise ConfigError(f"init_values={init_values!r}: expected a float or 'auto'")
         elif init_values is None or not float(init_values) > 0:
-            raise ValueError(
+            raise ConfigError(
                 f"init_values={init_values!r}: {branch_scaling} needs a positive initial value (or 'auto')")
 
 

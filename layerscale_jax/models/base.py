@@ -13,6 +13,7 @@ from layerscale_jax.layers.drop_path import DROP_PATH_RULES
 from layerscale_jax.layers.scaling import validate_branch_scaling
 from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.models.stack import validate_remat
+from layerscale_jax.errors import ConfigError
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -21,11 +22,11 @@ def canonical_dtype(field: str, value: Any):
     """Accept ``"bfloat16"`` or ``jnp.bfloat16``; return the jnp dtype."""
     if isinstance(value, str):
         if value not in DTYPES:
-            raise ValueError(f"{field}={value!r} is not one of {tuple(DTYPES)}")
+            raise ConfigError(f"{field}={value!r} is not one of {tuple(DTYPES)}")
         return DTYPES[value]
     name = jnp.dtype(value).name
     if name not in DTYPES:
-        raise ValueError(f"{field}={value!r} is not one of {tuple(DTYPES)}")
+        raise ConfigError(f"{field}={value!r} is not one of {tuple(DTYPES)}")
     return DTYPES[name]
 
 
@@ -71,22 +72,22 @@ class ArchConfig:
         def positive_int(field):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{field}={value!r} must be a positive integer")
+                raise ConfigError(f"{field}={value!r} must be a positive integer")
 
         for field in ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads"):
             positive_int(field)
         if self.embed_dim % self.num_heads:
-            raise ValueError(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}")
+            raise ConfigError(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}")
         if self.img_size % self.patch_size:
-            raise ValueError(f"img_size={self.img_size} is not divisible by patch_size={self.patch_size}")
+            raise ConfigError(f"img_size={self.img_size} is not divisible by patch_size={self.patch_size}")
         if not self.mlp_ratio > 0:
-            raise ValueError(f"mlp_ratio={self.mlp_ratio!r} must be positive")
+            raise ConfigError(f"mlp_ratio={self.mlp_ratio!r} must be positive")
         if not 0.0 <= self.drop_path_rate < 1.0:
-            raise ValueError(f"drop_path_rate={self.drop_path_rate!r} must lie in [0, 1)")
+            raise ConfigError(f"drop_path_rate={self.drop_path_rate!r} must lie in [0, 1)")
         if self.drop_path_rule not in DROP_PATH_RULES:
-            raise ValueError(f"drop_path_rule={self.drop_path_rule!r} is not one of {DROP_PATH_RULES}")
+            raise ConfigError(f"drop_path_rule={self.drop_path_rule!r} is not one of {DROP_PATH_RULES}")
         if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps={self.norm_eps!r} must be positive")
+            raise ConfigError(f"norm_eps={self.norm_eps!r} must be positive")
         validate_branch_scaling(self.branch_scaling, self.init_values)
         validate_remat(self.remat)
 
@@ -102,11 +103,11 @@ class ArchConfig:
 def check_images(images: jnp.ndarray, cfg: ArchConfig, model_name: str) -> None:
     expected = (cfg.img_size, cfg.img_size, cfg.in_chans)
     if images.ndim != 4 or tuple(images.shape[1:]) != expected:
-        raise ValueError(
+        raise ConfigError(
             f"{model_name} expects NHWC images of shape (batch, {expected[0]}, {expected[1]}, {expected[2]}), "
             f"got {tuple(images.shape)}")
     if not jnp.issubdtype(images.dtype, jnp.floating):
-        raise ValueError(f"{model_name} expects float images, got dtype {images.dtype}")
+        raise ConfigError(f"{model_name} expects float images, got dtype {images.dtype}")
 
 
 def embed_patches(model: nnx.Module, images: jnp.ndarray) -> jnp.ndarray:

@@ -23,6 +23,7 @@ from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import resolve_init_value
 from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
 from layerscale_jax.models.stack import create_stack, run_stack
+from layerscale_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +37,9 @@ class CaiTConfig(ArchConfig):
     def validate(self) -> None:
         super().validate()
         if not isinstance(self.depth_token_only, int) or self.depth_token_only < 1:
-            raise ValueError(f"depth_token_only={self.depth_token_only!r} must be a positive integer")
+            raise ConfigError(f"depth_token_only={self.depth_token_only!r} must be a positive integer")
         if not self.mlp_ratio_token_only > 0:
-            raise ValueError(f"mlp_ratio_token_only={self.mlp_ratio_token_only!r} must be positive")
+            raise ConfigError(f"mlp_ratio_token_only={self.mlp_ratio_token_only!r} must be positive")
 
 
 class CaiT(nnx.Module):

@@ -36,6 +36,7 @@ from layerscale_jax.models.cait import CaiTConfig
 from layerscale_jax.models.layout import STACKED_KEY
 from layerscale_jax.models.mae import MAEConfig
 from layerscale_jax.models.vit import ViTConfig
+from layerscale_jax.errors import ConfigError
 
 CONVENTIONS = ("mae", "timm")
 STEM = ("cls_token", "pos_embed", "patch_embed")
@@ -142,7 +143,7 @@ def _rule(model: nnx.Module):
 
 def _check_convention(convention: str) -> None:
     if convention not in CONVENTIONS:
-        raise ValueError(f"layer_decay_convention={convention!r} is not one of {CONVENTIONS}")
+        raise ConfigError(f"layer_decay_convention={convention!r} is not one of {CONVENTIONS}")
 
 
 def _raw_ids(model: nnx.Module, convention: str) -> tuple[nnx.State, list[int]]:

@@ -37,6 +37,7 @@ from layerscale_jax.layers.params import param
 from layerscale_jax.layers.scaling import resolve_init_value
 from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
 from layerscale_jax.models.stack import create_stack, run_stack
+from layerscale_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,17 +65,17 @@ class MAEConfig(ArchConfig):
         for field in ("decoder_embed_dim", "decoder_depth", "decoder_num_heads"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{field}={value!r} must be a positive integer")
+                raise ConfigError(f"{field}={value!r} must be a positive integer")
         if self.decoder_embed_dim % self.decoder_num_heads:
-            raise ValueError(f"decoder_embed_dim={self.decoder_embed_dim} is not divisible by "
+            raise ConfigError(f"decoder_embed_dim={self.decoder_embed_dim} is not divisible by "
                              f"decoder_num_heads={self.decoder_num_heads}")
         ratio = self.mask_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio < 1.0:
-            raise ValueError(f"mask_ratio={ratio!r} must lie in the open interval (0, 1)")
+            raise ConfigError(f"mask_ratio={ratio!r} must lie in the open interval (0, 1)")
         if num_kept(self.num_patches, ratio) < 1:
-            raise ValueError(f"mask_ratio={ratio!r} keeps no patch of the {self.num_patches} per image")
+            raise ConfigError(f"mask_ratio={ratio!r} keeps no patch of the {self.num_patches} per image")
         if not isinstance(self.norm_pix_loss, bool):
-            raise ValueError(f"norm_pix_loss={self.norm_pix_loss!r} must be a bool")
+            raise ConfigError(f"norm_pix_loss={self.norm_pix_loss!r} must be a bool")
 
     @property
     def patch_dim(self) -> int:
@@ -92,7 +93,7 @@ def sincos_pos_embed_2d(dim: int, grid: int, cls_token: bool = False) -> np.ndar
     ``k < d/4``: the first half for the patch's column ``p`` (MAE's ``grid[0]`` of ``meshgrid(w, h)``), the second
     for its row."""
     if dim % 4:
-        raise ValueError(f"a 2-D sin-cos position embedding needs a width divisible by 4, got {dim}")
+        raise ConfigError(f"a 2-D sin-cos position embedding needs a width divisible by 4, got {dim}")
 
     def one_d(d, pos):
         omega = 1.0 / 10000 ** (np.arange(d // 2, dtype=np.float64) / (d / 2.0))

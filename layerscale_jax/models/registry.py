@@ -10,6 +10,7 @@ from flax import nnx
 from layerscale_jax.models.cait import CaiT, CaiTConfig
 from layerscale_jax.models.mae import MAEConfig, MaskedAutoencoder
 from layerscale_jax.models.vit import VisionTransformer, ViTConfig
+from layerscale_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +24,7 @@ class ModelEntry:
         valid = {f.name for f in dataclasses.fields(self.config_cls)}
         unknown = sorted(set(overrides) - valid)
         if unknown:
-            raise ValueError(f"unknown option(s) {unknown} for model {self.name!r}; valid options: {sorted(valid)}")
+            raise ConfigError(f"unknown option(s) {unknown} for model {self.name!r}; valid options: {sorted(valid)}")
         return self.config_cls(**{**self.defaults, **overrides})
 
 
@@ -42,7 +43,7 @@ def get_entry(name: str) -> ModelEntry:
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=5, cutoff=0.4)
         hint = f"; closest registered names: {close}" if close else f"; registered: {list_models()}"
-        raise ValueError(f"unknown model name {name!r}{hint}")
+        raise ConfigError(f"unknown model name {name!r}{hint}")
     return _REGISTRY[name]
 
 

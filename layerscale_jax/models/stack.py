@@ -15,6 +15,7 @@ import numpy as np
 from flax import nnx
 
 from layerscale_jax.layers.params import add_layer_axis
+from layerscale_jax.errors import ConfigError
 
 # Named rematerialisation policies (what the backward pass may keep instead of recomputing).
 REMAT_POLICIES: dict[str, Callable | None] = {
@@ -27,7 +28,7 @@ REMAT_POLICIES: dict[str, Callable | None] = {
 
 def validate_remat(remat: str) -> None:
     if remat not in REMAT_POLICIES:
-        raise ValueError(f"remat={remat!r} is not one of {tuple(REMAT_POLICIES)}")
+        raise ConfigError(f"remat={remat!r} is not one of {tuple(REMAT_POLICIES)}")
 
 
 def create_stack(make_block: Callable[[nnx.Rngs], nnx.Module], depth: int, scan_layers: bool, rngs: nnx.Rngs):

@@ -23,6 +23,7 @@ from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import resolve_init_value
 from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
 from layerscale_jax.models.stack import create_stack, run_stack
+from layerscale_jax.errors import ConfigError
 
 GLOBAL_POOLS = ("token", "avg")
 
@@ -38,7 +39,7 @@ class ViTConfig(ArchConfig):
         super().validate()
         validate_attention_impl(self.attention_impl)
         if self.global_pool not in GLOBAL_POOLS:
-            raise ValueError(f"global_pool={self.global_pool!r} is not one of {GLOBAL_POOLS}")
+            raise ConfigError(f"global_pool={self.global_pool!r} is not one of {GLOBAL_POOLS}")
 
 
 class VisionTransformer(nnx.Module):

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from layerscale_jax.cli import did_you_mean
+from layerscale_jax.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     import ml_collections
@@ -89,14 +89,14 @@ def freeze_patterns(config) -> tuple[str, ...]:
 def _number(config, field: str, low: float, high: float, *, low_open=False, high_open=False) -> float:
     value = getattr(config, field)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"optim.{field}={value!r} must be a number")
+        raise ConfigError(f"optim.{field}={value!r} must be a number")
     if not math.isfinite(value):
-        raise ValueError(f"optim.{field}={value!r} must be a finite number")
+        raise ConfigError(f"optim.{field}={value!r} must be a finite number")
     too_low = value <= low if low_open else value < low
     too_high = value >= high if high_open else value > high
     if too_low or too_high:
         interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(f"optim.{field}={value!r} must lie in {interval}")
+        raise ConfigError(f"optim.{field}={value!r} must lie in {interval}")
     return float(value)
 
 
@@ -107,22 +107,22 @@ def validate_config(config, total_steps: int | None = None) -> None:
     unknown = sorted(set(config.keys()) - known)
     if unknown:
         listed = ", ".join(f"optim.{key}{did_you_mean(key, known)}" for key in unknown)
-        raise ValueError(f"unknown optim option(s) {listed}; valid options: {sorted(known)}")
+        raise ConfigError(f"unknown optim option(s) {listed}; valid options: {sorted(known)}")
     missing = sorted(known - set(config.keys()))
     if missing:
-        raise ValueError(f"optim config lacks option(s) {missing}; start from optim.default_config()")
+        raise ConfigError(f"optim config lacks option(s) {missing}; start from optim.default_config()")
     if config.name not in OPTIMIZERS:
-        raise ValueError(f"optim.name={config.name!r} is not one of {OPTIMIZERS}")
+        raise ConfigError(f"optim.name={config.name!r} is not one of {OPTIMIZERS}")
     if config.schedule not in SCHEDULES:
-        raise ValueError(f"optim.schedule={config.schedule!r} is not one of {SCHEDULES}")
+        raise ConfigError(f"optim.schedule={config.schedule!r} is not one of {SCHEDULES}")
     if config.layer_decay_convention not in CONVENTIONS:
-        raise ValueError(f"optim.layer_decay_convention={config.layer_decay_convention!r} is not one of "
+        raise ConfigError(f"optim.layer_decay_convention={config.layer_decay_convention!r} is not one of "
                          f"{CONVENTIONS}")
     inf = float("inf")
     lr = _number(config, "learning_rate", 0.0, inf, low_open=True)
     end = _number(config, "end_learning_rate", 0.0, inf)
     if end > lr:
-        raise ValueError(f"optim.end_learning_rate={end!r} exceeds optim.learning_rate={lr!r}")
+        raise ConfigError(f"optim.end_learning_rate={end!r} exceeds optim.learning_rate={lr!r}")
     _number(config, "b1", 0.0, 1.0, high_open=True)
     _number(config, "b2", 0.0, 1.0, high_open=True)
     _number(config, "eps", 0.0, inf)
@@ -135,24 +135,24 @@ def validate_config(config, total_steps: int | None = None) -> None:
     _number(config, "sam_eta", 0.0, inf)
     _number(config, "ema_decay", 0.0, 1.0, high_open=True)
     if not isinstance(config.sam_adaptive, bool):
-        raise ValueError(f"optim.sam_adaptive={config.sam_adaptive!r} must be a bool")
+        raise ConfigError(f"optim.sam_adaptive={config.sam_adaptive!r} must be a bool")
     if config.sam_adaptive and config.sam_rho == 0:
-        raise ValueError("optim.sam_adaptive=True needs optim.sam_rho > 0")
+        raise ConfigError("optim.sam_adaptive=True needs optim.sam_rho > 0")
     for field in ("warmup_steps", "accum_steps"):
         value = getattr(config, field)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"optim.{field}={value!r} must be an integer")
+            raise ConfigError(f"optim.{field}={value!r} must be an integer")
     if config.warmup_steps < 0:
-        raise ValueError(f"optim.warmup_steps={config.warmup_steps!r} must be ≥ 0")
+        raise ConfigError(f"optim.warmup_steps={config.warmup_steps!r} must be ≥ 0")
     if config.accum_steps < 1:
-        raise ValueError(f"optim.accum_steps={config.accum_steps!r} must be ≥ 1")
+        raise ConfigError(f"optim.accum_steps={config.accum_steps!r} must be ≥ 1")
     for pattern in freeze_patterns(config):
         if not isinstance(pattern, str):
-            raise ValueError(f"optim.freeze entry {pattern!r} must be a regex string")
+            raise ConfigError(f"optim.freeze entry {pattern!r} must be a regex string")
     if total_steps is not None:
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"total_steps={total_steps!r} must be a positive integer")
+            raise ConfigError(f"total_steps={total_steps!r} must be a positive integer")
         decays = config.schedule != "constant"
         if config.warmup_steps > total_steps or (decays and config.warmup_steps == total_steps):
-            raise ValueError(f"optim.warmup_steps={config.warmup_steps} leaves no room for the "
+            raise ConfigError(f"optim.warmup_steps={config.warmup_steps} leaves no room for the "
                              f"{config.schedule!r} schedule in total_steps={total_steps}")

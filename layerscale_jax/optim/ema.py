@@ -9,11 +9,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from layerscale_jax.errors import ConfigError
+
 
 def ema_update(ema_params, params, decay):
     """One EMA step; ``decay`` may be a Python number in [0, 1] or a traced scalar."""
     if isinstance(decay, (int, float)) and not 0.0 <= decay <= 1.0:
-        raise ValueError(f"ema_decay={decay!r} must lie in [0, 1]")
+        raise ConfigError(f"ema_decay={decay!r} must lie in [0, 1]")
 
     def update(e, w):
         new = decay * e.astype(jnp.float32) + (1.0 - decay) * w.astype(jnp.float32)

@@ -17,6 +17,7 @@ from flax import nnx
 from layerscale_jax.layers.params import is_variable, role
 from layerscale_jax.models import groups
 from layerscale_jax.optim.transforms import along_layers, lookup
+from layerscale_jax.errors import ConfigError
 
 LossAndGradFn = Callable[..., tuple[tuple[jax.Array, Any], Any]]
 
@@ -61,9 +62,9 @@ def sam_gradients(loss_and_grad_fn: LossAndGradFn, params, *args, rho: float, ad
     (``bundle.trainable_mask``) keeps frozen parameters out of the perturbation. ``rho=0`` gives the plain gradient.
     """
     if isinstance(rho, (int, float)) and rho < 0:
-        raise ValueError(f"sam_rho={rho!r} must be ≥ 0")
+        raise ConfigError(f"sam_rho={rho!r} must be ≥ 0")
     if isinstance(eta, (int, float)) and eta < 0:
-        raise ValueError(f"sam_eta={eta!r} must be ≥ 0")
+        raise ConfigError(f"sam_eta={eta!r} must be ≥ 0")
     (loss, aux), grads = loss_and_grad_fn(params, *args)
     if trainable is not None:
         keep: dict = {}
@@ -103,13 +104,13 @@ def accumulate_gradients(loss_and_grad_fn: LossAndGradFn, params, batch, num_mic
     """
     k = num_micro_batches
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"accum_steps={k!r} must be a positive integer")
+        raise ConfigError(f"accum_steps={k!r} must be a positive integer")
     sizes = {x.shape[0] for x in jax.tree.leaves(batch)}
     if len(sizes) != 1:
         raise ValueError(f"batch arrays disagree on the batch size: {sorted(sizes)}")
     (size,) = sizes
     if size % k:
-        raise ValueError(f"accum_steps={k} does not divide the batch size {size}")
+        raise ConfigError(f"accum_steps={k} does not divide the batch size {size}")
     if k == 1:
         return loss_and_grad_fn(params, batch, *args, *(() if key is None else (jax.random.fold_in(key, 0),)))
 

@@ -18,12 +18,13 @@ from flax import nnx
 
 from layerscale_jax.layers.params import DECAYED_ROLES, map_variables, role
 from layerscale_jax.models import groups
+from layerscale_jax.errors import ConfigError
 
 def _check_decay(decay: float, min_scale: float) -> None:
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay <= 1.0:
-        raise ValueError(f"layer_decay={decay!r} must lie in (0, 1]")
+        raise ConfigError(f"layer_decay={decay!r} must lie in (0, 1]")
     if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) or not 0.0 <= min_scale <= 1.0:
-        raise ValueError(f"layer_decay_min_scale={min_scale!r} must lie in [0, 1]")
+        raise ConfigError(f"layer_decay_min_scale={min_scale!r} must lie in [0, 1]")
 
 
 def layer_decay_scales(model: nnx.Module, decay: float, convention: str = "mae",
@@ -40,7 +41,7 @@ def layer_decay_scales(model: nnx.Module, decay: float, convention: str = "mae",
 
     smallest = max(float(decay) ** last, float(min_scale))
     if np.float32(smallest) < np.finfo(np.float32).tiny:  # would silently freeze the stem
-        raise ValueError(f"layer_decay={decay!r} over {last + 1} layer groups gives the stem an LR multiplier of "
+        raise ConfigError(f"layer_decay={decay!r} over {last + 1} layer groups gives the stem an LR multiplier of "
                          f"{smallest:.3g}, which float32 cannot hold; raise layer_decay or set "
                          f"layer_decay_min_scale")
     return _map_ids(scale, ids)
@@ -79,7 +80,7 @@ def trainable_mask(model: nnx.Module, freeze: Sequence[str] = ()) -> nnx.State:
         try:
             compiled.append(re.compile(pattern))
         except re.error as e:
-            raise ValueError(f"optim.freeze regex {pattern!r} does not compile: {e}") from None
+            raise ConfigError(f"optim.freeze regex {pattern!r} does not compile: {e}") from None
     used = [False] * len(compiled)
     examples: list[str] = []
 
@@ -97,6 +98,6 @@ def trainable_mask(model: nnx.Module, freeze: Sequence[str] = ()) -> nnx.State:
     mask = groups.map_params(trainable, nnx.state(model, nnx.Param))
     unused = [p for p, u in zip(freeze, used) if not u]
     if unused:
-        raise ValueError(f"optim.freeze regex(es) {unused} match no parameter (each is re.fullmatch'ed against "
+        raise ConfigError(f"optim.freeze regex(es) {unused} match no parameter (each is re.fullmatch'ed against "
                          f"paths such as {examples})")
     return mask

@@ -50,7 +50,7 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from layerscale_jax.checksums import corruption, file_digests, list_files
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import ConfigError, UserError
 from layerscale_jax.orbax_failures import log_orbax_errors_on_one_line, release_waiting_save_threads
 from layerscale_jax.paths import as_path, finish_moves, is_url, move_all, write_text_atomically
 
@@ -182,7 +182,7 @@ class Checkpointer:
         """Keeps the newest ``keep`` checkpoints and the best by ``best_metric`` (``best_mode`` 'max': higher is
         better, as accuracy; 'min': lower, as a loss)."""
         if best_mode not in ("max", "min"):
-            raise ValueError(f"best_mode={best_mode!r} is not 'max' or 'min'")
+            raise ConfigError(f"best_mode={best_mode!r} is not 'max' or 'min'")
         self.directory = as_path(directory)
         self.best_metric = best_metric
         policy = ocm.AnyPreservationPolicy([
@@ -414,7 +414,7 @@ class Checkpointer:
             return states[jax.process_index()], None
         positions = {(s["next_batch"], s["offset"]) for s in states.values()}
         if len(positions) != 1 or next(iter(positions))[1] != 0:
-            raise ValueError(f"checkpoint at step {step} was saved by {saved_processes} process(es) whose input "
+            raise ConfigError(f"checkpoint at step {step} was saved by {saved_processes} process(es) whose input "
                              f"pipelines stood at different positions (skipped bad records: {sorted(positions)}); "
                              f"it can only be resumed with the same {saved_processes} process(es) and mesh")
         return states[0], None

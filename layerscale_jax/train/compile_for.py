@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import UserError
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import targets as targets_lib
 

@@ -55,7 +55,7 @@ import traceback
 
 import ml_collections
 
-from layerscale_jax.cli import UserError, did_you_mean
+from layerscale_jax.errors import ConfigError, UserError, did_you_mean
 from layerscale_jax.models import model_config
 from layerscale_jax.models.registry import get_entry
 from layerscale_jax.paths import as_path
@@ -125,7 +125,7 @@ def _check_fields(section, known, prefix: str) -> None:
     unknown = sorted(set(section.keys()) - set(known))
     if unknown:
         listed = ", ".join(f"{prefix}{key}{did_you_mean(key, known)}" for key in unknown)
-        raise ValueError(f"unknown config field(s) {listed}; valid fields of {prefix.rstrip('.') or 'a config'}: "
+        raise ConfigError(f"unknown config field(s) {listed}; valid fields of {prefix.rstrip('.') or 'a config'}: "
                          f"{', '.join(sorted(known))}")
 
 
@@ -136,27 +136,27 @@ def validate_train_config(train) -> None:
     for field in ("steps", "batch_size", "eval_batch_size", "log_every", "keep_checkpoints"):
         value = train[field]
         if not _is_int(value) or value < 1:
-            raise ValueError(f"train.{field}={value!r} must be a positive integer")
+            raise ConfigError(f"train.{field}={value!r} must be a positive integer")
     for field in ("eval_every", "checkpoint_every", "stop_after_steps", "seed"):
         value = train[field]
         if not _is_int(value) or value < 0:
-            raise ValueError(f"train.{field}={value!r} must be a non-negative integer")
+            raise ConfigError(f"train.{field}={value!r} must be a non-negative integer")
     deadline = train.stop_deadline_seconds
     if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 <= deadline < math.inf:
-        raise ValueError(f"train.stop_deadline_seconds={deadline!r} must be a finite number of seconds ≥ 0 (0: none)")
+        raise ConfigError(f"train.stop_deadline_seconds={deadline!r} must be a finite number of seconds ≥ 0 (0: none)")
     _check_fields(train.mesh, MESH_FIELDS, "train.mesh.")
     validate_mesh_config(train.mesh)
     if train.nonfinite not in NONFINITE_MODES:
-        raise ValueError(f"train.nonfinite={train.nonfinite!r} is not one of {NONFINITE_MODES}")
+        raise ConfigError(f"train.nonfinite={train.nonfinite!r} is not one of {NONFINITE_MODES}")
     if not isinstance(train.init_from, str):
-        raise ValueError(f"train.init_from={train.init_from!r} must be '' or a path")
+        raise ConfigError(f"train.init_from={train.init_from!r} must be '' or a path")
     if not isinstance(train.compilation_cache_dir, str):
-        raise ValueError(f"train.compilation_cache_dir={train.compilation_cache_dir!r} must be '' or a path")
+        raise ConfigError(f"train.compilation_cache_dir={train.compilation_cache_dir!r} must be '' or a path")
     if train.compilation_cache_dir:
         as_path(train.compilation_cache_dir, "train.compilation_cache_dir")     # a supported scheme
     from layerscale_jax.train.finetune import FINETUNE_MODES
     if train.get("finetune", "full") not in FINETUNE_MODES:
-        raise ValueError(f"train.finetune={train.get('finetune')!r} is not one of {FINETUNE_MODES}")
+        raise ConfigError(f"train.finetune={train.get('finetune')!r} is not one of {FINETUNE_MODES}")
 
 
 def validate_model_section(model) -> None:
@@ -164,17 +164,17 @@ def validate_model_section(model) -> None:
     everything ``create_model`` checks (divisibility, ranges, choices), without building anything."""
     name = model.get("name")
     if not isinstance(name, str):
-        raise ValueError(f"model.name={name!r} must be a registered model name")
+        raise ConfigError(f"model.name={name!r} must be a registered model name")
     entry = get_entry(name)                                    # an unknown name lists the closest registered ones
     fields = {f.name for f in dataclasses.fields(entry.config_cls)}
     _check_fields(model, fields | {"name"}, "model.")
     for key, value in model_overrides(model).items():
         if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"model.{key}={value!r} must be a finite number")
+            raise ConfigError(f"model.{key}={value!r} must be a finite number")
     try:
         model_config(name, **model_overrides(model))
     except (ValueError, TypeError) as err:
-        raise ValueError(f"model ({name}): {err}") from err
+        raise ConfigError(f"model ({name}): {err}") from err
 
 
 SECTIONS = ("model", "data", "optim", "train")
@@ -190,7 +190,7 @@ def validate_experiment_config(config) -> None:
     _check_fields(config, SECTIONS + OPTIONAL_SECTIONS, "")
     missing = [s for s in SECTIONS if s not in config]
     if missing:
-        raise ValueError(f"config lacks section(s) {missing}; a config has the sections {list(SECTIONS)}")
+        raise ConfigError(f"config lacks section(s) {missing}; a config has the sections {list(SECTIONS)}")
     validate_model_section(config.model)
     validate_data_config(config.data)
     validate_train_config(config.train)
@@ -236,7 +236,7 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
     except UserError:
         raise
     except ValueError as err:
-        raise ValueError(f"config file {spec!r}: {err}") from err
+        raise ConfigError(f"config file {spec!r}: {err}") from err
     except TypeError as err:
         if arg is not None and "positional argument" in str(err):
             raise UserError(f"config file {path!r} takes no argument, got {arg!r}") from err
@@ -261,25 +261,25 @@ def parse_config_arg(arg: str | None, allowed: dict) -> dict:
         return result
     for item in arg.split(","):
         if "=" not in item:
-            raise ValueError(f"config argument {item!r} is not key=value (accepted keys: {sorted(allowed)})")
+            raise ConfigError(f"config argument {item!r} is not key=value (accepted keys: {sorted(allowed)})")
         key, value = (s.strip() for s in item.split("=", 1))
         if key not in allowed:
-            raise ValueError(f"config argument key {key!r} is not one of {sorted(allowed)}"
+            raise ConfigError(f"config argument key {key!r} is not one of {sorted(allowed)}"
                              f"{did_you_mean(key, allowed)}")
         default = allowed[key]
         if isinstance(default, bool):
             if value.lower() not in ("1", "true", "yes", "0", "false", "no"):
-                raise ValueError(f"config argument {key}={value!r} is not a bool (true/false)")
+                raise ConfigError(f"config argument {key}={value!r} is not a bool (true/false)")
             result[key] = value.lower() in ("1", "true", "yes")
         elif isinstance(default, (int, float)):
             kind = int if isinstance(default, int) else float
             try:
                 result[key] = kind(value)
             except ValueError:
-                raise ValueError(f"config argument {key}={value!r} is not a{'n int' if kind is int else ' number'}"
+                raise ConfigError(f"config argument {key}={value!r} is not a{'n int' if kind is int else ' number'}"
                                  ) from None
             if kind is float and not math.isfinite(result[key]):
-                raise ValueError(f"config argument {key}={value!r} must be a finite number")
+                raise ConfigError(f"config argument {key}={value!r} must be a finite number")
         else:
             result[key] = value
     return result

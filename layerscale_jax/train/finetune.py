@@ -22,6 +22,7 @@ from flax import nnx
 
 from layerscale_jax import lora as lora_lib
 from layerscale_jax.optim.config import freeze_patterns
+from layerscale_jax.errors import ConfigError
 
 FINETUNE_MODES = ("full", "lora", "linear_probe")
 LORA_INIT_STREAM = 2          # adapters are initialised from fold_in(key(train.seed), LORA_INIT_STREAM)
@@ -39,17 +40,17 @@ def validate(config) -> None:
     """Check ``train.finetune`` and the ``lora`` section together (called by ``validate_experiment_config``)."""
     mode = config.train.get("finetune", "full")
     if mode not in FINETUNE_MODES:
-        raise ValueError(f"train.finetune={mode!r} is not one of {FINETUNE_MODES}")
+        raise ConfigError(f"train.finetune={mode!r} is not one of {FINETUNE_MODES}")
     if "lora" in config:
         lora_lib.validate_config(config.lora)
         if mode != "lora":
-            raise ValueError(f"config.lora is set but train.finetune={mode!r}; set train.finetune='lora' or remove "
+            raise ConfigError(f"config.lora is set but train.finetune={mode!r}; set train.finetune='lora' or remove "
                              "the lora section")
     if mode != "full":
         from layerscale_jax.models.mae import MAEConfig
         from layerscale_jax.models.registry import get_entry
         if get_entry(config.model.name).config_cls is MAEConfig:
-            raise ValueError(f"train.finetune={mode!r} needs a classifier, but model.name={config.model.name!r} is "
+            raise ConfigError(f"train.finetune={mode!r} needs a classifier, but model.name={config.model.name!r} is "
                              "an MAE pre-training model; fine-tune its encoder in a ViT (train.init_from=<MAE run>)")
 
 

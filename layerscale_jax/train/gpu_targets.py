@@ -24,7 +24,7 @@ import os
 import re
 from pathlib import Path
 
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import UserError
 
 SPEC_DIR = Path(__file__).with_name("gpu_specs")
 SPECS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb"}

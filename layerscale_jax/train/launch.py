@@ -30,7 +30,7 @@ import os
 import re
 from typing import Mapping
 
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import UserError
 
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

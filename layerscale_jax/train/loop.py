@@ -42,7 +42,7 @@ from layerscale_jax.train.step import init_train_state, make_eval_step, make_tra
 log = logging.getLogger(__name__)
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(UserError, FloatingPointError):
     pass
 
 

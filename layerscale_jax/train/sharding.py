@@ -28,6 +28,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from layerscale_jax.data.sharding import BATCH_AXES, batch_sharding  # noqa: F401  (batch_sharding: re-exported)
 from layerscale_jax.layers.partitioning import activation_sharding, logical_to_spec
 from layerscale_jax.layers.params import is_variable, logical_axes, map_variables
+from layerscale_jax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Parallelism across slices (TPU multi-slice, over the data-centre network) or, where devices carry no slice, across
@@ -61,7 +62,7 @@ def _sizes(mesh_config: Mapping[str, int], fields: Sequence[str], allow_fill: bo
     for field in fields:
         value = mesh_config.get(field, 1)
         if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and not (allow_fill and value == -1)):
-            raise ValueError(f"train.mesh.{field}={value!r} must be a positive integer"
+            raise ConfigError(f"train.mesh.{field}={value!r} must be a positive integer"
                              + (" or -1 (the remaining devices)" if allow_fill else ""))
         sizes[field] = value
     return sizes
@@ -74,7 +75,7 @@ def validate_mesh_config(mesh_config: Mapping[str, int]) -> tuple[dict[str, int]
     dcn = _sizes(mesh_config, DCN_AXES, allow_fill=False)
     fill = [a for a in MESH_AXES if ici[a] == -1]
     if len(fill) > 1:
-        raise ValueError(f"train.mesh: at most one of data, fsdp, tensor may be -1, got {', '.join(fill)} = -1")
+        raise ConfigError(f"train.mesh: at most one of data, fsdp, tensor may be -1, got {', '.join(fill)} = -1")
     return ici, dcn
 
 
@@ -90,7 +91,7 @@ def mesh_devices(mesh_config: Mapping[str, int], devices: Sequence[Any]) -> np.n
     """
     devices = list(devices)
     if not devices:
-        raise ValueError("no devices to build the mesh from")
+        raise ConfigError("no devices to build the mesh from")
     ici, dcn = validate_mesh_config(mesh_config)
     dcn_shape = tuple(dcn[f"dcn_{a}"] for a in MESH_AXES)
     kind, groups = granules(devices)
@@ -99,22 +100,22 @@ def mesh_devices(mesh_config: Mapping[str, int], devices: Sequence[Any]) -> np.n
     if math.prod(dcn_shape) != len(groups):
         product = " × ".join(f"dcn_{a}={dcn[f'dcn_{a}']}" for a in MESH_AXES)
         plural = {"slice": "slices", "process": "processes"}[kind]
-        raise ValueError(f"train.mesh: {product} = {math.prod(dcn_shape)} granules, but the {len(devices)} devices "
+        raise ConfigError(f"train.mesh: {product} = {math.prod(dcn_shape)} granules, but the {len(devices)} devices "
                          f"belong to {len(groups)} {kind if len(groups) == 1 else plural}; the dcn_* sizes must "
                          f"multiply to the number of {plural}")
     per_granule = {len(g) for g in groups}
     if len(per_granule) != 1:
-        raise ValueError(f"train.mesh: the {kind}s hold different numbers of devices {sorted(per_granule)}")
+        raise ConfigError(f"train.mesh: the {kind}s hold different numbers of devices {sorted(per_granule)}")
     (count,) = per_granule
     where = f" per {kind}" if len(groups) > 1 else ""
     fill = [a for a in MESH_AXES if ici[a] == -1]
     known = math.prod(v for v in ici.values() if v != -1)
     if fill:
         if count % known:
-            raise ValueError(f"train.mesh {ici}: {count} devices{where} are not divisible by {known}")
+            raise ConfigError(f"train.mesh {ici}: {count} devices{where} are not divisible by {known}")
         ici[fill[0]] = count // known
     if math.prod(ici.values()) != count:
-        raise ValueError(f"train.mesh {ici} needs {math.prod(ici.values())} devices{where} but {count} are "
+        raise ConfigError(f"train.mesh {ici} needs {math.prod(ici.values())} devices{where} but {count} are "
                          f"available (set one axis to -1 to use all of them)")
     shape = tuple(ici[a] for a in MESH_AXES)
     if len(groups) == 1:
@@ -168,7 +169,7 @@ def validate_rules(rules) -> dict[str, Any]:
         targets = (target,) if isinstance(target, str) else tuple(target or ())
         for t in targets:
             if t not in MESH_AXES:
-                raise ValueError(f"sharding rule {name!r} → {target!r}: {t!r} is not a mesh axis {MESH_AXES}")
+                raise ConfigError(f"sharding rule {name!r} → {target!r}: {t!r} is not a mesh axis {MESH_AXES}")
     return rules
 
 
@@ -253,7 +254,7 @@ def check_tensor_parallelism(model_name: str, model: nnx.Module, mesh: Mesh, rul
     if bad:
         what, n = bad[0]
         works = _divisors(math.gcd(*needs.values()))
-        raise ValueError(f"model {model_name}: {what} is not divisible by train.mesh.tensor={size} ({n} % {size} = "
+        raise ConfigError(f"model {model_name}: {what} is not divisible by train.mesh.tensor={size} ({n} % {size} = "
                          f"{n % size}): tensor parallelism would split it across devices and gather activations in "
                          f"every block. Tensor sizes that divide every tensor-sharded dimension of this model: "
                          f"{', '.join(map(str, works))}")

@@ -25,7 +25,7 @@ import math
 import os
 import re
 
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import UserError
 
 GiB = 2 ** 30
 

@@ -11,7 +11,7 @@ import time
 
 from etils import epath
 
-from layerscale_jax.cli import UserError
+from layerscale_jax.errors import UserError
 from layerscale_jax.paths import finish_moves, is_url, move_all, read_json, write_text_atomically
 
 # Config fields that may differ between the run that wrote a workdir and the run that resumes it: they change how
