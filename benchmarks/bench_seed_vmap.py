@@ -3,7 +3,7 @@ over stacked parameters, optimizer states, data batches and random streams) than
 
     python benchmarks/bench_seed_vmap.py [--depths 24 96] [--members 5] [--steps 20] [--rounds 3] [--json OUT]
 
-Both sides run the depth ablation's own train step (``experiments/depth_ablation.py``'s config: width 32, 2 heads,
+Both sides run the depth ablation's own train step (``experiments/depth_ablation_runs.py``' config: width 32, 2 heads,
 patch 2, batch 64, scanned layers, ``layerscale``), jitted once and warmed up; each round times ``--steps`` steps of
 one run, then ``--steps`` steps of the K-member vmapped program, alternating the order between rounds so a change
 of load hits both. Prints per depth the milliseconds per member-step of each and the ratio (sequential / vmapped:
@@ -27,7 +27,7 @@ from flax import nnx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
-import depth_ablation as da  # noqa: E402
+import depth_ablation_runs as da  # noqa: E402
 from layerscale_jax import optim  # noqa: E402
 from layerscale_jax.bench.timing import cpu_model, load_average  # noqa: E402
 from layerscale_jax.train import finetune as finetune_lib  # noqa: E402

@@ -5,7 +5,7 @@ SkipInit) keeps the colour with a dashed line and open markers. Accuracy figures
 mean over converged seeds as a line and its t-based 95% confidence interval as a bar; a diverged run is an ``x`` on
 the bottom edge, never part of the mean. Depth axes have ticks at the measured depths. Heat maps are drawn with
 nearest interpolation (one cell per evaluation, nothing in between) and one colour scale per figure. Titles are
-given by the caller and name the protocol, rate(s), steps and data split (``depth_ablation.describe``).
+given by the caller and name the protocol, rate(s), steps and data split (``depth_ablation_reports.describe``).
 """
 from __future__ import annotations
 

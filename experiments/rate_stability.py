@@ -11,10 +11,10 @@ run (``PREREGISTRATION``; ``experiments/results/rate_stability/preregistration.m
     python experiments/rate_stability.py --shard 1/2     # one machine's (or one core's) share; no report
     python experiments/rate_stability.py --report        # the report from the finished runs only
 
-Each run is the depth ablation's rate-stage run (``depth_ablation.make_config``: digits, train without the validation
-part, width 32, batch 64, 2,000-step schedule with 10% warm-up where on, cosine decay) at rate 2e-2, cut after
-``STOP_AFTER`` steps of that schedule: the endpoint is divergence, and every divergence at these depths in the sweep
-came by step 618.
+Each run is the depth ablation's rate-stage run (``depth_ablation_runs.make_config``: digits, train without the
+validation part, width 32, batch 64, 2,000-step schedule with 10% warm-up where on, cosine decay) at rate 2e-2, cut
+after ``STOP_AFTER`` steps of that schedule: the endpoint is divergence, and every divergence at these depths in the
+sweep came by step 618.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cait_claims  # noqa: E402  (Fisher's exact test on divergence counts)
-import depth_ablation as da  # noqa: E402  (the rate stage's runs: config, training, records)
+import depth_ablation_runs as da  # noqa: E402  (the rate stage's runs: config, training, records)
 import sweep  # noqa: E402  (records, resume, shards, machines)
 
 OUT = os.path.join(da.ROOT, "experiments", "results", "rate_stability")
@@ -54,7 +54,8 @@ Fixed before the first run of this test (`experiments/rate_stability.py`, commit
   of columns that keep it.
 - **Runs**: rate {RATE:g}; depths {', '.join(map(str, DEPTHS))}; new seeds {', '.join(map(str, SEEDS))} (each seed
   sets initialisation, data order and stochastic-depth keys); without LayerNorm: {', '.join(
-    da._label(s, w) for s, w in NORM_FREE)}; with it: {', '.join(da._label(s, w) for s, w in NORM_KEPT)} (plain
+    da.column_label(s, w) for s, w in NORM_FREE)}; with it: {', '.join(
+    da.column_label(s, w) for s, w in NORM_KEPT)} (plain
   pre-norm and LayerScale with CaiT's ε, the study's two main columns; the other two of the sweep are left out for
   cost). {len(DEPTHS) * len(SEEDS) * len(NORM_FREE)} + {len(DEPTHS) * len(SEEDS) * len(NORM_KEPT)} runs. Everything
   else is the rate stage's run (`depth_ablation.make_config`, protocol `rates`, {SCHEDULE_STEPS}-step schedule).
@@ -78,7 +79,8 @@ def specs() -> list[da.RunSpec]:
 
 
 def sizing() -> da.Sizing:
-    """The rate stage's sizing (``depth_ablation.run_rate_sweep``): evaluations every 400 of the 2,000 steps."""
+    """The rate stage's sizing (``depth_ablation_protocol.run_rate_sweep``): evaluations every 400 of the 2,000
+    steps."""
     return dataclasses.replace(da.PROTOCOL_SIZING, steps=SCHEDULE_STEPS)
 
 
@@ -111,7 +113,7 @@ def write_report(out: str = OUT, command: str = "python experiments/rate_stabili
     for depth in DEPTHS:
         for scheme, warmup in NORM_FREE + NORM_KEPT:
             mine = [r for r in records if (r["depth"], r["scheme"], r["warmup"]) == (depth, scheme, warmup)]
-            cells.append([str(depth), da._label(scheme, warmup), "removed" if (scheme, warmup) in NORM_FREE else
+            cells.append([str(depth), da.column_label(scheme, warmup), "removed" if (scheme, warmup) in NORM_FREE else
                           "kept", f"{sum(r['diverged'] for r in mine)}/{len(mine)}",
                           ", ".join(str(r["diverged_at_step"]) for r in sorted(mine, key=lambda r: r["seed"])
                                     if r["diverged"]) or "—"])
@@ -164,7 +166,7 @@ def write_figure(out: str = OUT) -> str:
         ax.set_title(f"depth {depth}", fontsize=8)
         ax.set_xlabel(f"step (x: diverged; o: not by step {STOP_AFTER}, val. accuracy beside)", fontsize=7)
     axes[0][0].set_yticks(range(len(columns)),
-                          [f"{da._label(s, w)} ({'no LN' if (s, w) in NORM_FREE else 'LN'})" for s, w in columns],
+                          [f"{da.column_label(s, w)} ({'no LN' if (s, w) in NORM_FREE else 'LN'})" for s, w in columns],
                           fontsize=7)
     axes[0][0].invert_yaxis()
     fig.suptitle(f"Rate {RATE:g}, seeds {', '.join(map(str, SEEDS))} (one mark each, offset by seed): diverged "

@@ -12,8 +12,8 @@ preregistration.md`` is written from it and a changed design is refused):
     python experiments/rate_window.py --shard 1/2     # one machine's (or one core's) share; no report
     python experiments/rate_window.py --report        # the report from the finished runs only (interim or final)
 
-Each run is the depth ablation's rate-stage run (``depth_ablation.make_config``, protocol ``rates``: train without
-the 285 validation images → validation). The window of a column at a depth for one seed (``window_size``):
+Each run is the depth ablation's rate-stage run (``depth_ablation_runs.make_config``, protocol ``rates``: train
+without the 285 validation images → validation). The window of a column at a depth for one seed (``window_size``):
 
     W = #{rates r : run r did not diverge and 100 · (c_best − c_r) ≤ N}
 
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cait_claims  # noqa: E402  (Welch / Fisher per comparison, Holm per family, the outcome rule)
-import depth_ablation as da  # noqa: E402  (the rate stage's runs: config, training, records)
+import depth_ablation_runs as da  # noqa: E402  (the rate stage's runs: config, training, records)
 import sweep  # noqa: E402  (records, resume, shards, machines, statistics)
 
 OUT = os.path.join(da.ROOT, "experiments", "results", "rate_window")
@@ -48,7 +48,7 @@ SHALLOW = 6
 DEPTHS = (SHALLOW, DEEP)
 SEEDS = (5, 6, 7)                      # new: rate sweep 0, final stage 0-4, rate-stability test 1-3
 SCHEDULE_STEPS = 2000                  # the converged budget (budget.json)
-VALIDATION_IMAGES = 285                # depth_ablation.validation_images(); a test checks the two agree
+VALIDATION_IMAGES = 285                # depth_ablation_protocol.validation_images(); a test checks the two agree
 WINDOW_POINTS = 1.0
 COLUMNS = da.COLUMNS
 REFERENCE = da.REFERENCE               # LayerScale with CaiT's ε, with warm-up
@@ -75,7 +75,7 @@ def _cost_hours(deep: int) -> float:
     return RUNS_PER_DEPTH * (COST_SECONDS[SHALLOW] + COST_SECONDS[deep]) / 3600
 
 
-_COLUMN_LIST = ", ".join(da._label(s, w) for s, w in COLUMNS)
+_COLUMN_LIST = ", ".join(da.column_label(s, w) for s, w in COLUMNS)
 _OTHERS = len(COLUMNS) - 1
 _TITLE = f"the usable rate window at depth {DEEP} (CaiT's shared-recipe claim off the ceiling)"
 PREREGISTRATION = f"""# Pre-registration: {_TITLE}
@@ -275,7 +275,7 @@ def _accuracy_grid(records, depth) -> str:
         ws = windows(records)
         cells.append(", ".join(str(ws[(scheme, warmup, depth, k)]) for k in SEEDS if (scheme, warmup, depth, k) in ws)
                      or "–")
-        rows.append([da._label(scheme, warmup)] + cells)
+        rows.append([da.column_label(scheme, warmup)] + cells)
     return sweep.markdown_table(["column"] + [f"{r:g}" for r in RATES] + ["W per seed"], rows)
 
 
@@ -304,7 +304,7 @@ def write_report(out: str = OUT, command: str = "python experiments/rate_window.
     for scheme, warmup in COLUMNS:
         shallow = [ws[(scheme, warmup, SHALLOW, k)] for k in SEEDS if (scheme, warmup, SHALLOW, k) in ws]
         deep = [ws[(scheme, warmup, DEEP, k)] for k in SEEDS if (scheme, warmup, DEEP, k) in ws]
-        change.append([da._label(scheme, warmup), f"{statistics.mean(shallow):.2f}" if shallow else "–",
+        change.append([da.column_label(scheme, warmup), f"{statistics.mean(shallow):.2f}" if shallow else "–",
                        f"{statistics.mean(deep):.2f}" if deep else "–",
                        f"{statistics.mean(deep) - statistics.mean(shallow):+.2f}" if shallow and deep else "–"])
     parts.append(f"\n## The window from depth {SHALLOW} to {DEEP} (mean W over the finished seeds; descriptive)\n\n"

@@ -14,11 +14,17 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
 import depth_ablation as da  # noqa: E402
+import depth_ablation_cost as da_cost  # noqa: E402
+import depth_ablation_early as da_early  # noqa: E402
+import depth_ablation_imagenet as da_imagenet  # noqa: E402
+import depth_ablation_protocol as da_protocol  # noqa: E402
+import depth_ablation_reports as da_reports  # noqa: E402
+import depth_ablation_runs as da_runs  # noqa: E402
 import validation_protocol as vp  # noqa: E402
 
-TINY = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=4, evals=2, log_every=2)
-SPECS = [da.RunSpec(1, "none", True, 0, 5e-3), da.RunSpec(1, "layerscale", False, 0, 5e-3),
-         da.RunSpec(1, "skipinit", True, 0, 1e30)]
+TINY = da_runs.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=4, evals=2, log_every=2)
+SPECS = [da_runs.RunSpec(1, "none", True, 0, 5e-3), da_runs.RunSpec(1, "layerscale", False, 0, 5e-3),
+         da_runs.RunSpec(1, "skipinit", True, 0, 1e30)]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -26,8 +32,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def sweep(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("ablation"))
     lines = []
-    da.run_sweep(SPECS, TINY, out, log=lines.append)
-    return out, lines, da.write_reports(out, command="pytest")
+    da_runs.run_sweep(SPECS, TINY, out, log=lines.append)
+    return out, lines, da_early.write_reports(out, command="pytest")
 
 
 def read_rows(path):
@@ -39,7 +45,7 @@ def read_rows(path):
 def test_results_csv_has_one_well_formed_row_per_run(sweep):
     out, _, paths = sweep
     rows = read_rows(paths["csv"])
-    assert tuple(rows[0]) == da.CSV_FIELDS
+    assert tuple(rows[0]) == da_reports.CSV_FIELDS
     assert sorted((r["scheme"], r["warmup"]) for r in rows) == [("layerscale", "False"), ("none", "True"),
                                                                 ("skipinit", "True")]
     for row in rows:
@@ -105,7 +111,7 @@ def test_the_zoomed_accuracy_axis_never_clips_a_confidence_interval():
 
 def test_each_record_holds_the_loss_curve_and_diagnostics_at_init_and_each_evaluation(sweep):
     out, _, _ = sweep
-    record = {r["scheme"]: r for r in da.load_records(out)}["layerscale"]
+    record = {r["scheme"]: r for r in da_runs.load_records(out)}["layerscale"]
     assert [e["step"] for e in record["evaluations"]] == [0, 2, 4]
     assert [s for s, _ in record["train_loss_curve"]] == [2, 4]
     init = record["evaluations"][0]
@@ -116,26 +122,26 @@ def test_each_record_holds_the_loss_curve_and_diagnostics_at_init_and_each_evalu
 def test_a_resumed_sweep_skips_finished_runs_and_trains_only_missing_ones(sweep, monkeypatch, tmp_path):
     out, _, _ = sweep
     trained = []
-    monkeypatch.setattr(da, "train_run", lambda spec, *a, **k: trained.append(spec) or pytest.fail("retrained"))
+    monkeypatch.setattr(da_runs, "train_run", lambda spec, *a, **k: trained.append(spec) or pytest.fail("retrained"))
     lines = []
-    da.run_sweep(SPECS, TINY, out, log=lines.append)
+    da_runs.run_sweep(SPECS, TINY, out, log=lines.append)
     assert trained == [] and lines[0] == "3 runs in the grid, 3 already finished, 0 to train"
 
     # a copy of the sweep missing one record trains exactly that run and reports progress with an ETA
     import shutil
     partial = str(tmp_path / "partial")
     shutil.copytree(out, partial)
-    os.remove(da.record_path(partial, SPECS[0]))
-    record = {r["scheme"]: r for r in da.load_records(out)}["none"]
-    monkeypatch.setattr(da, "train_run", lambda spec, *a, **k: trained.append(spec) or record)
+    os.remove(da_runs.record_path(partial, SPECS[0]))
+    record = {r["scheme"]: r for r in da_runs.load_records(out)}["none"]
+    monkeypatch.setattr(da_runs, "train_run", lambda spec, *a, **k: trained.append(spec) or record)
     lines = []
-    da.run_sweep(SPECS, TINY, partial, log=lines.append)
+    da_runs.run_sweep(SPECS, TINY, partial, log=lines.append)
     assert trained == [SPECS[0]]
     assert lines[-1].startswith("[3/3 runs done] depth1_none_warmupon_lr0.005_seed0") and "ETA 0:00:00" in lines[-1]
 
 
 def test_default_grid_has_every_cell_and_the_warmup_ablation():
-    specs = da.grid(da.DEPTHS, da.DEFAULT_SCHEMES, da.SEEDS, 5e-3, sorted(da.DEPTHS)[-2:])
+    specs = da_early.grid(da_runs.DEPTHS, da_runs.DEFAULT_SCHEMES, da_early.SEEDS, 5e-3, sorted(da_runs.DEPTHS)[-2:])
     assert len(specs) == 5 * 6 * 3 + 2 * 2 * 3
     off = {(s.depth, s.scheme) for s in specs if not s.warmup}
     assert off == {(d, s) for d in (48, 96) for s in ("none", "layerscale")}
@@ -150,20 +156,20 @@ def test_the_early_grids_per_scheme_rates_are_its_best_non_diverged_lr_sweep_run
         (runs / f"{i}.json").write_text(
             f'{{"scheme": "{scheme}", "learning_rate": {lr}, "final_test_accuracy": {acc}, '
             f'"diverged": {str(diverged).lower()}}}')
-    assert da.early_rates_chosen_on_test(str(tmp_path), ["none", "rezero"]) == {"none": 1e-2, "rezero": 1e-3}
-    specs = da.grid((6,), ("none", "rezero"), (0,), {"none": 1e-2, "rezero": 1e-3}, ())
+    assert da_early.early_rates_chosen_on_test(str(tmp_path), ["none", "rezero"]) == {"none": 1e-2, "rezero": 1e-3}
+    specs = da_early.grid((6,), ("none", "rezero"), (0,), {"none": 1e-2, "rezero": 1e-3}, ())
     assert {(s.scheme, s.learning_rate) for s in specs} == {("none", 1e-2), ("rezero", 1e-3)}
     with pytest.raises(FileNotFoundError, match="scheme 'skipinit'"):
-        da.early_rates_chosen_on_test(str(tmp_path), ["skipinit"])
+        da_early.early_rates_chosen_on_test(str(tmp_path), ["skipinit"])
 
 
 def test_sweep_estimate_adds_fixed_and_per_step_costs_linear_in_depth():
     costs = {6: {"setup": 1.0, "first_step": 2.0, "evaluations": 0.5, "per_step": 0.06},
              24: {"setup": 1.0, "first_step": 2.0, "evaluations": 0.5, "per_step": 0.24}}
-    sizing = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=100, evals=4, log_every=10)
-    specs = [da.RunSpec(12, "none", True, 0, 1e-3), da.RunSpec(48, "none", True, 0, 1e-3)]
+    sizing = da_runs.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=100, evals=4, log_every=10)
+    specs = [da_runs.RunSpec(12, "none", True, 0, 1e-3), da_runs.RunSpec(48, "none", True, 0, 1e-3)]
     # per step 0.01 s per block; fixed 1 + 2 + 4 × 0.5 = 5 s
-    assert da.estimate_sweep_seconds(costs, specs, sizing) == pytest.approx(2 * 5 + 100 * 0.01 * (12 + 48))
+    assert da_cost.estimate_sweep_seconds(costs, specs, sizing) == pytest.approx(2 * 5 + 100 * 0.01 * (12 + 48))
 
 
 def test_each_table_names_the_command_that_produced_it(sweep, tmp_path):
@@ -172,7 +178,7 @@ def test_each_table_names_the_command_that_produced_it(sweep, tmp_path):
     out = str(tmp_path / "copy")
     shutil.copytree(sweep[0], out)
     shutil.copytree(os.path.join(out, "runs"), os.path.join(out, "lr_sweep", "runs"))
-    paths = da.write_reports(out, command="the lr sweep", lr_sweep=True)
+    paths = da_early.write_reports(out, command="the lr sweep", lr_sweep=True)
     assert set(paths) == {"lr_csv", "lr_table"}
     with open(paths["lr_table"]) as f:
         assert "Command: `the lr sweep`" in f.read()
@@ -188,16 +194,16 @@ def test_a_table_never_averages_learning_rates_and_per_scheme_rates_report_apart
     import shutil
     out = str(tmp_path / "mixed")
     shutil.copytree(sweep[0], out)
-    record = {r["scheme"]: r for r in da.load_records(out)}["none"]
+    record = {r["scheme"]: r for r in da_runs.load_records(out)}["none"]
     record["learning_rate"], record["final_test_accuracy"] = 2e-3, 0.5
     with open(os.path.join(out, "runs", "extra.json"), "w") as f:
         json.dump(record, f)
     with pytest.raises(ValueError, match=r"several learning rates in one column: \{'none': \[0.002, 0.005\]\}"):
-        da.write_reports(out)
-    shared = da.write_reports(out, rates=5e-3)
+        da_early.write_reports(out)
+    shared = da_early.write_reports(out, rates=5e-3)
     assert sorted(r["scheme"] for r in read_rows(shared["csv"])) == ["layerscale", "none"]
     rates = {"none": 2e-3, "layerscale": 5e-3, "skipinit": 1e30}
-    own = da.write_reports(out, command="per scheme", rates=rates, report_dir=os.path.join(out, "per_scheme_lr"))
+    own = da_early.write_reports(out, command="per scheme", rates=rates, report_dir=os.path.join(out, "per_scheme_lr"))
     assert os.path.dirname(own["table"]) == os.path.join(out, "per_scheme_lr")
     rows = {r["scheme"]: r for r in read_rows(own["csv"])}
     assert set(rows) == {"none", "layerscale", "skipinit"} and rows["none"]["final_test_accuracy"] == "0.5"
@@ -220,9 +226,9 @@ def test_the_write_ups_verdicts_quote_the_committed_claims(path):
     """The verdict tables of README's Depth ablation and experiments/README's Results are the committed final
     claims.md of each rate choice: each claim's verdict, and every difference, interval and range end they quote is
     one of that claim's comparisons (a rerun that changes claims.md must update the write-ups)."""
-    final = os.path.join(da.ROOT, "experiments", "results", "depth_ablation_converged", "final")
+    final = os.path.join(da_runs.ROOT, "experiments", "results", "depth_ablation_converged", "final")
     rows = [[c.strip() for c in ln.split("|")[1:-1]]
-            for ln in open(os.path.join(da.ROOT, path)).read().splitlines() if re.match(r"\| \d[ab]?\. ", ln)]
+            for ln in open(os.path.join(da_runs.ROOT, path)).read().splitlines() if re.match(r"\| \d[ab]?\. ", ln)]
     assert [r[0].split(".")[0] for r in rows] in (["1", "2", "3", "4", "5", "6"], ["1", "2", "3", "4a", "4b", "5", "6"])
     for column, choice in ((1, "per_depth"), (2, "one_rate")):
         claims = open(os.path.join(final, choice, "claims.md")).read()
@@ -246,22 +252,22 @@ def test_the_write_ups_verdicts_quote_the_committed_claims(path):
 def test_the_committed_tables_are_what_the_committed_run_records_give(tmp_path):
     """Regenerating from ``experiments/results/depth_ablation/runs`` reproduces both protocols' tables (mean ± std,
     CI, Welch comparisons) and CSV."""
-    results = os.path.join(da.ROOT, "experiments", "results", "depth_ablation")
-    records = da.load_records(results)
-    rates = da.early_rates_chosen_on_test(os.path.join(results, "lr_sweep"), da.DEFAULT_SCHEMES)
-    for rate, where in ((da.RECIPE["learning_rate"], results), (rates, os.path.join(results, "per_scheme_lr"))):
-        chosen = da.select_rates(records, rate)
+    results = os.path.join(da_runs.ROOT, "experiments", "results", "depth_ablation")
+    records = da_runs.load_records(results)
+    rates = da_early.early_rates_chosen_on_test(os.path.join(results, "lr_sweep"), da_runs.DEFAULT_SCHEMES)
+    for rate, where in ((da_runs.RECIPE["learning_rate"], results), (rates, os.path.join(results, "per_scheme_lr"))):
+        chosen = da_early.select_rates(records, rate)
         committed = open(os.path.join(where, "table.md")).read()
         title = committed.split("\n\n| depth")[0]
-        da.write_table(chosen, str(tmp_path / "table.md"), title)
-        da.write_csv(chosen, str(tmp_path / "results.csv"))
+        da_early.write_table(chosen, str(tmp_path / "table.md"), title)
+        da_reports.write_csv(chosen, str(tmp_path / "results.csv"))
         assert (tmp_path / "table.md").read_text() == committed
         ci = open(os.path.join(where, "table_ci.md")).read()
-        vp.write_ci_table(chosen, str(tmp_path / "table_ci.md"), ci.split("\n\n| depth")[0], da.layout(chosen))
+        vp.write_ci_table(chosen, str(tmp_path / "table_ci.md"), ci.split("\n\n| depth")[0], da_reports.layout(chosen))
         assert (tmp_path / "table_ci.md").read_text() == ci
         comparisons = open(os.path.join(where, "comparisons.md")).read()
         vp.write_comparisons(chosen, str(tmp_path / "comparisons.md"), comparisons.split("\n\n| depth")[0],
-                             da.layout(chosen), da.REFERENCE)
+                             da_reports.layout(chosen), da_runs.REFERENCE)
         assert (tmp_path / "comparisons.md").read_text() == comparisons
         assert (tmp_path / "results.csv").read_text() == open(os.path.join(where, "results.csv")).read()
 
@@ -270,9 +276,9 @@ def test_the_committed_rates_are_what_the_committed_rate_records_give(tmp_path):
     """Regenerating rates.json, rates.md and results.csv from ``depth_ablation_converged/rates/runs`` gives the
     committed files, every cell bracketed."""
     import shutil
-    committed = os.path.join(da.CONVERGED_OUT, "rates")
+    committed = os.path.join(da_protocol.CONVERGED_OUT, "rates")
     shutil.copytree(os.path.join(committed, "runs"), tmp_path / "runs")
-    da.write_rates_report(str(tmp_path), da.validation_images())
+    da_reports.write_rates_report(str(tmp_path), da_protocol.validation_images())
     for name in ("rates.json", "rates.md", "results.csv"):
         assert (tmp_path / name).read_text() == open(os.path.join(committed, name)).read(), name
     assert all(json.load(open(os.path.join(committed, "rates.json")))["bracketed"].values())
@@ -302,17 +308,17 @@ def test_the_budget_is_the_largest_cells_converged_length_within_the_validation_
     # tolerance = one binomial standard error of the longest run on 285 images: 98.0% → 0.829, 97.0% → 1.010
     records = [run("layerscale", 24, t, a) for t, a in {500: 96.0, 1000: 97.5, 3000: 98.0}.items()]
     records += [run("skipinit", 96, t, a) for t, a in {500: 95.0, 1000: 95.9, 2000: 96.5, 3000: 97.0}.items()]
-    choice = da.choose_budget(records, validation_images=285)
+    choice = da_protocol.choose_budget(records, validation_images=285)
     assert choice["cells"] == {"layerscale, depth 24": 1000, "skipinit, depth 96": 2000}
     assert choice["steps"] == 2000
     assert choice["tolerance_points"]["skipinit, depth 96"] == pytest.approx(1.0105, abs=1e-4)
-    assert da.choose_budget(records, 285, tolerance=2.5)["steps"] == 500
+    assert da_protocol.choose_budget(records, 285, tolerance=2.5)["steps"] == 500
     with pytest.raises(ValueError, match=r"add a longer run \(--budget_steps\)"):
-        da.choose_budget(records, 285, tolerance=0.4)
+        da_protocol.choose_budget(records, 285, tolerance=0.4)
     test_run = run("layerscale", 24, 500, 90.0)
     test_run["eval_split"] = "test"
     with pytest.raises(ValueError, match="validation split only"):
-        da.choose_budget([test_run], 285)
+        da_protocol.choose_budget([test_run], 285)
 
 
 def test_the_protocol_estimate_sums_every_stage_from_per_step_costs_linear_in_depth():
@@ -320,13 +326,13 @@ def test_the_protocol_estimate_sums_every_stage_from_per_step_costs_linear_in_de
     # rates 8 columns × (6+12+24+48+96 = 186 layers) × 4 rates × 10 steps = 59,520 s = 16:32:00;
     # final 8 × 186 × 5 seeds × 2 protocols × 10 steps = 148,800 s = 41:20:00
     costs = {d: {"setup": 0.0, "first_step": 0.0, "per_step": float(d), "evaluations": 0.0} for d in (6, 96)}
-    text = da.protocol_estimate(costs, steps=10)
+    text = da_cost.protocol_estimate(costs, steps=10)
     assert text.startswith("budget 433:20:00 (16 runs of 500/1000/2000/3000 steps); rates 16:32:00 (160 runs")
     assert "final 41:20:00 (≤ 400 runs of 10 steps); total 491:12:00" in text
 
 
 def test_the_validation_split_of_the_budget_has_285_images():
-    assert da.validation_images() == 285
+    assert da_protocol.validation_images() == 285
 
 
 def test_rates_are_chosen_per_depth_and_once_for_all_depths_on_validation():
@@ -334,33 +340,33 @@ def test_rates_are_chosen_per_depth_and_once_for_all_depths_on_validation():
                {12: {1e-3: .5, 2e-3: .9, 5e-3: .6}, 48: {1e-3: .8, 2e-3: .7, 5e-3: .1}}.items()
                for lr, a in accs.items()]
     records += [fake_record(depth=48, lr=5e-4, acc=.7)]                      # 48's best was at the low edge
-    rates = da.best_learning_rates(records, 100, columns=(("layerscale", True),), depths=(12, 48),
+    rates = da_protocol.best_learning_rates(records, 100, columns=(("layerscale", True),), depths=(12, 48),
                                    start=(1e-3, 2e-3, 5e-3))
     assert rates["per_depth"] == {("layerscale", True, 12): 2e-3, ("layerscale", True, 48): 1e-3}
     assert rates["bracketed"] == {("layerscale", True, 12): True, ("layerscale", True, 48): True}
     assert rates["one_rate"] == {("layerscale", True): 2e-3}                  # 90 + 70 of 100 images is the most
     assert rates["one_rate_bracketed"] == {("layerscale", True): True}        # inside 1e-3 … 5e-3, swept at both
     assert not any(rates["tie_at_edge"].values())
-    assert da.rates_from_json(da.rates_to_json(rates)) == rates
+    assert da_protocol.rates_from_json(da_protocol.rates_to_json(rates)) == rates
     with pytest.raises(ValueError, match="validation split only"):
-        da.best_learning_rates([fake_record(split="test")], 100, columns=(("layerscale", True),), depths=(12,))
+        da_protocol.best_learning_rates([fake_record(split="test")], 100, columns=(("layerscale", True),), depths=(12,))
     with pytest.raises(ValueError, match="unfinished"):
-        da.best_learning_rates(records[:2], 100, columns=(("layerscale", True),), depths=(12,),
+        da_protocol.best_learning_rates(records[:2], 100, columns=(("layerscale", True),), depths=(12,),
                                start=(1e-3, 2e-3, 5e-3))
 
 
 def test_the_one_rate_choice_compares_whole_images_and_breaks_a_tie_to_the_lower_rate():
     # 1391 of 285 images at both 1e-2 and 2e-2 over the five depths in the committed rate sweep: the float sums of
     # accuracy differ in the 16th digit (the audit of issue 37), the image counts do not; the rule's tie goes to 1e-2
-    records = da.load_records(os.path.join(da.CONVERGED_OUT, "rates"))
+    records = da_runs.load_records(os.path.join(da_protocol.CONVERGED_OUT, "rates"))
     mine = {lr: [r for r in records if (r["scheme"], r["warmup"]) == ("layerscale", True)
                  and math.isclose(r["learning_rate"], lr)] for lr in (1e-2, 2e-2)}
     assert {lr: len(runs) for lr, runs in mine.items()} == {1e-2: 5, 2e-2: 5}
-    assert {lr: sum(da.vp.correct_images(r, 285) for r in runs) for lr, runs in mine.items()} == {1e-2: 1391,
+    assert {lr: sum(vp.correct_images(r, 285) for r in runs) for lr, runs in mine.items()} == {1e-2: 1391,
                                                                                                  2e-2: 1391}
     floats = {lr: sum(r["final_val_accuracy"] for r in runs) for lr, runs in mine.items()}
     assert floats == {1e-2: 4.8807017543859645, 2e-2: 4.880701754385965}          # the sum that broke the tie
-    rates = da.best_learning_rates(records, 285)
+    rates = da_protocol.best_learning_rates(records, 285)
     assert rates["one_rate"][("layerscale", True)] == 1e-2
     # the issue's audit: `none` (5e-3) and `scalar` (2e-2) sit at an edge of the rates swept at every depth, three
     # per-depth cells are inside only because an edge rate's tie went to the lower rate
@@ -370,7 +376,7 @@ def test_the_one_rate_choice_compares_whole_images_and_breaks_a_tie_to_the_lower
     # a synthetic tie: 1 + 2 against 2 + 1 of 3 images at two depths; the lower rate
     tie = [fake_record(depth=d, lr=lr, acc=c / 3) for d, counts in {12: {1e-3: 1, 2e-3: 2}, 48: {1e-3: 2, 2e-3: 1}}
            .items() for lr, c in counts.items()]
-    tied = da.best_learning_rates(tie, 3, columns=(("layerscale", True),), depths=(12, 48), start=(1e-3, 2e-3),
+    tied = da_protocol.best_learning_rates(tie, 3, columns=(("layerscale", True),), depths=(12, 48), start=(1e-3, 2e-3),
                                   max_extensions=0)
     assert tied["one_rate"] == {("layerscale", True): 1e-3} and tied["one_rate_bracketed"] == {("layerscale", True):
                                                                                                False}
@@ -384,7 +390,7 @@ def test_rates_md_marks_a_choice_whose_lead_is_below_the_binomial_standard_error
             r.update(dataset="digits", train_split="train_without_validation", steps=100, embed_dim=32, seconds=1.0,
                      diverged_at_step=None)
             da.sweep.save_json(da.sweep.record_path(str(tmp_path), r["run_id"]), r)
-    da.write_rates_report(str(tmp_path), 285, columns=(("layerscale", True),), depths=(12, 48),
+    da_reports.write_rates_report(str(tmp_path), 285, columns=(("layerscale", True),), depths=(12, 48),
                           start=(1e-3, 2e-3, 5e-3))
     text = (tmp_path / "rates.md").read_text()
     # by hand: SE at 98% on 285 images = 100·√(0.98·0.02/285) = 0.829 points; depth 12 leads by 1.0 (resolved),
@@ -400,13 +406,13 @@ def test_divergence_by_rate_counts_layernorm_kept_against_removed_at_the_deep_de
             ("layerscale", 96, 1e-2, False), ("rezero", 12, 2e-2, False),        # depth 12: not counted
             ("none", 48, 1e-3, False)]                                          # no LayerNorm-free run at 1e-3
     records = [dict(fake_record(depth=d, lr=lr, diverged=div), scheme=scheme) for scheme, d, lr, div in runs]
-    text = da.divergence_by_rate(records, (48, 96))
+    text = da_reports.divergence_by_rate(records, (48, 96))
     # by hand, 2e-2: kept 1 of 3 diverged, removed 2 of 2; 3 of the 5 runs diverged, X of them among the 2 removed:
     # P(X=2) = C(3,2)·C(2,0)/C(5,2) = 3/10 (observed), P(X=1) = 6/10, P(X=0) = 1/10; two-sided p sums the tables
     # no likelier than the observed one: 3/10 + 1/10 = 0.4
     assert "| 0.02 | 1/3 | 2/2 | 0.4 |" in text
     assert "| 0.01 | 0/1 | 0/1 | 1 |" in text and "| 0.001 |" not in text
-    assert da.divergence_by_rate(records, (24,)) == ""
+    assert da_reports.divergence_by_rate(records, (24,)) == ""
 
 
 def test_the_rate_status_shows_each_cells_finished_rates_and_what_it_still_needs():
@@ -416,7 +422,7 @@ def test_the_rate_status_shows_each_cells_finished_rates_and_what_it_still_needs
     records += [fake_record(depth=24, lr=5e-3, acc=.1, diverged=True), fake_record(depth=48, lr=2e-3, acc=.9)]
     records += [fake_record(depth=96, lr=lr, acc=a) for lr, a in {1e-3: .9, 2e-3: .8, 5e-3: .7, 5e-4: .95,
                                                                    2e-4: .97}.items()]
-    text = da.rates_status(records, columns=(("layerscale", True),), depths=(12, 24, 48, 96), start=start,
+    text = da_reports.rates_status(records, columns=(("layerscale", True),), depths=(12, 24, 48, 96), start=start,
                            max_extensions=2)
     assert "Rate sweep: 12 runs finished, 2 of 4 cells still need runs." in text
     assert "| layerscale | 12 | 0.001: 50.0, 0.002: 90.0, 0.005: 60.0 | bracketed: 0.002 |" in text
@@ -429,22 +435,22 @@ def test_the_rate_status_shows_each_cells_finished_rates_and_what_it_still_needs
 def test_the_remaining_cpu_time_is_the_finished_runs_mean_per_depth_or_linear_in_depth():
     records = [{"depth": 6, "cpu_seconds": 40.0}, {"depth": 6, "cpu_seconds": 50.0},
                {"depth": 48, "cpu_seconds": 480.0}, {"depth": 12, "seconds": 999.0}]      # the last: no CPU time
-    missing = [da.RunSpec(d, "layerscale", True, 0, 1e-2, "final", 100) for d in (6, 48, 96)]
+    missing = [da_runs.RunSpec(d, "layerscale", True, 0, 1e-2, "final", 100) for d in (6, 48, 96)]
     # by hand: 45 s (mean at 6) + 480 s (at 48) + 96 × mean(40/6, 50/6, 480/48 = 10) = 96 × 8.333 = 800 s
-    hours, based_on, same_kind = da.remaining_cpu_hours(missing, records)
+    hours, based_on, same_kind = da_cost.remaining_cpu_hours(missing, records)
     assert hours == pytest.approx((45 + 480 + 800) / 3600) and based_on == 3 and not same_kind
-    assert da.remaining_cpu_hours(missing, records[3:]) is None
+    assert da_cost.remaining_cpu_hours(missing, records[3:]) is None
 
 
 def test_the_remaining_cpu_time_counts_only_runs_on_this_machines_kind_where_there_are_some():
     zen5 = {"cpu": "AMD EPYC", "cpu_family_model": "family 26 model 2", "malloc": "tcmalloc"}
     records = [{"depth": 48, "cpu_seconds": 960.0, "machine": {"cpu": "AMD EPYC"}},            # older: no kind
                {"depth": 48, "cpu_seconds": 480.0, "machine": dict(zen5, load_average_start=[1, 1, 1])}]
-    missing = [da.RunSpec(d, "layerscale", True, 0, 1e-2, "final", 100) for d in (48, 96)]
+    missing = [da_runs.RunSpec(d, "layerscale", True, 0, 1e-2, "final", 100) for d in (48, 96)]
     # by hand, this kind only: 480 s at 48 + 96 × 480/48 = 960 s at 96
-    assert da.remaining_cpu_hours(missing, records, zen5) == (pytest.approx((480 + 960) / 3600), 1, True)
+    assert da_cost.remaining_cpu_hours(missing, records, zen5) == (pytest.approx((480 + 960) / 3600), 1, True)
     other = dict(zen5, malloc="glibc")
-    assert da.remaining_cpu_hours(missing, records, other) == (pytest.approx((720 + 1440) / 3600), 2, False)
+    assert da_cost.remaining_cpu_hours(missing, records, other) == (pytest.approx((720 + 1440) / 3600), 2, False)
 
 
 def test_the_cost_on_one_machine_kind_projects_every_run_onto_each_kind_that_ran_every_depth():
@@ -458,13 +464,13 @@ def test_the_cost_on_one_machine_kind_projects_every_run_onto_each_kind_that_ran
                {"depth": 6, "seconds": 30.0, "machine": zen5}]                  # no CPU time: not measured
     # by hand, all 7 runs (three at depth 6, four at 96): the older EPYC 3·100 + 4·1800 = 7,500 s; Zen 5
     # 3·40 + 4·720 = 3,000 s; the Xeon ran no depth-6 run, so it projects nothing
-    assert da.cost_by_machine_kind(records) == (
+    assert da_cost.cost_by_machine_kind(records) == (
         "All 7 runs on one machine kind, each at that kind's mean CPU time at its depth: "
         f"AMD EPYC, malloc not recorded (from its 3 runs): {7500 / 3600:.1f} CPU-hours, ≈ {3750 / 3600:.1f} hours "
         "of 2 cores with one shard per core; "
         f"AMD EPYC, family 26 model 2, malloc tcmalloc (from its 2 runs): {3000 / 3600:.1f} CPU-hours, "
         f"≈ {1500 / 3600:.1f} hours of 2 cores with one shard per core.")
-    assert da.cost_by_machine_kind(records[5:]) == ""
+    assert da_cost.cost_by_machine_kind(records[5:]) == ""
 
 
 def test_status_prints_where_a_stage_stands_and_trains_nothing(tmp_path, capsys):
@@ -485,7 +491,7 @@ def test_the_final_runs_of_the_per_depth_choice_come_first_and_a_shared_run_is_t
     rates = {"per_depth": {("layerscale", True, 6): 5e-2, ("layerscale", True, 96): 1e-2,
                            ("none", True, 6): 5e-3, ("none", True, 96): 5e-3},
              "one_rate": {("layerscale", True): 1e-2, ("none", True): 5e-3}}
-    specs = da.final_specs(rates, 100, depths=(6, 96), seeds=(0, 1), columns=columns)
+    specs = da_protocol.final_specs(rates, 100, depths=(6, 96), seeds=(0, 1), columns=columns)
     # 4 per-depth cells × 2 seeds, then layerscale at depth 6 at its one rate (its other cells are shared)
     assert len(specs) == 10 and len({s.run_id for s in specs}) == 10
     assert [(s.seed, s.depth, s.scheme, s.learning_rate) for s in specs] == [
@@ -501,29 +507,29 @@ def test_the_whole_protocol_runs_end_to_end_on_a_tiny_grid(tmp_path):
     written. (One rate per cell and no extension keeps it to 16 short runs.)"""
     out = str(tmp_path)
     columns = (("layerscale", True), ("skipinit", False))
-    tiny = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=0, evals=1, log_every=2)
+    tiny = da_runs.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=0, evals=1, log_every=2)
     common = dict(columns=columns, depths=(1, 2), sizing=tiny, log=lambda *a: None)
     budget = da.run_protocol("budget", out, seeds=(0,), budget=((2, 4), 2, 1e-2), budget_columns=columns,
                              tolerance=100.0, **common)
     assert json.load(open(budget["budget"]))["steps"] == 2          # within 100 points of the 4-step runs
     rates = da.run_protocol("rates", out, rate_start=(1e-2,), max_extensions=0, **common)
-    chosen = da.rates_from_json(json.load(open(rates["rates"])))
+    chosen = da_protocol.rates_from_json(json.load(open(rates["rates"])))
     assert set(chosen["per_depth"]) == {c + (d,) for c in columns for d in (1, 2)}
     final = da.run_protocol("final", out, seeds=(0, 1), **common)
-    assert len(da.load_records(os.path.join(out, "budget"))) == 2 * 2 * 2
+    assert len(da_runs.load_records(os.path.join(out, "budget"))) == 2 * 2 * 2
     for stage, splits, prefix in (("budget", ("train_without_validation", "validation"), "val"),
                                   ("rates", ("train_without_validation", "validation"), "val"),
                                   ("final", ("train", "test"), "test")):
-        records = da.load_records(os.path.join(out, stage))
+        records = da_runs.load_records(os.path.join(out, stage))
         assert {(r["train_split"], r["eval_split"]) for r in records} == {splits}, stage
         other = "test" if prefix == "val" else "val"
         assert all(f"final_{prefix}_accuracy" in r and f"final_{other}_accuracy" not in r for r in records)
-    assert len(da.load_records(os.path.join(out, "final"))) == 2 * 2 * 2        # both protocols share the runs
+    assert len(da_runs.load_records(os.path.join(out, "final"))) == 2 * 2 * 2        # both protocols share the runs
     assert {"per_depth/table", "per_depth/comparisons", "per_depth/claims", "per_depth/claims_figure",
             "one_rate/table", "one_rate/acc_vs_depth"} <= set(final)
     table = open(final["per_depth/table"]).read()
     assert "final: digits train → test, 2 steps" in table and "| 2 |" in table
-    machines = da.sweep.machines_note(da.load_records(os.path.join(out, "final")))    # every run is in both choices
+    machines = da.sweep.machines_note(da_runs.load_records(os.path.join(out, "final")))  # every run is in both choices
     assert machines.startswith("Trained on ") and machines in table
     claims = open(final["per_depth/claims"]).read()        # depth 1 is shallow, 2 deep; two of the columns ran
     assert "`layerscale` @ 2 vs `skipinit` (no warm-up) @ 2 | 2/2 vs 2/2 |" in claims
@@ -548,8 +554,9 @@ def test_the_imagenet_cost_from_a_measured_step_is_images_over_throughput_linear
             "img_per_s": 3000.0}
     # by hand: 300 epochs × 1,281,167 images / 3,000 images/s = 128,116.7 s = 35.588 h for 12 blocks, 2.9657 h a
     # block; the grid: (12 + 18 + 24 + 36) = 90 blocks × 8 columns × 1 seed → 2,135.3 device-hours
-    assert da.imagenet_device_hours(step) == pytest.approx(2135.28, abs=0.01)
-    assert da.imagenet_device_hours(dict(step, overrides={"depth": 24}), seeds=(0, 1)) == pytest.approx(2135.28)
+    assert da_imagenet.imagenet_device_hours(step) == pytest.approx(2135.28, abs=0.01)
+    assert (da_imagenet.imagenet_device_hours(dict(step, overrides={"depth": 24}), seeds=(0, 1))
+            == pytest.approx(2135.28))
     path = tmp_path / "s16_bf16.json"
     path.write_text("compiling...\n" + json.dumps(step) + "\n")
     da.main(["--imagenet_commands", "gs://b/r", "--imagenet_step_json", str(path)])
@@ -562,12 +569,12 @@ def test_the_imagenet_cost_from_a_measured_step_is_images_over_throughput_linear
 @pytest.mark.slow
 def test_every_imagenet_command_parses_to_its_cell():
     from layerscale_jax.train.__main__ import parse_command_line
-    commands = da.imagenet_commands("gs://bucket/ablation", seeds=(0, 1))
-    assert len(commands) == len(da.IMAGENET_DEPTHS) * len(da.COLUMNS) * 2
+    commands = da_imagenet.imagenet_commands("gs://bucket/ablation", seeds=(0, 1))
+    assert len(commands) == len(da_imagenet.IMAGENET_DEPTHS) * len(da_runs.COLUMNS) * 2
     seen = set()
     for command in commands:
         argv = command.split()[3:]
-        config = parse_command_line([a.replace("configs/", os.path.join(da.ROOT, "configs") + "/", 1)
+        config = parse_command_line([a.replace("configs/", os.path.join(da_runs.ROOT, "configs") + "/", 1)
                                      if a.startswith("--config=") else a for a in argv]).config
         seen.add((config.model.depth, config.model.branch_scaling, str(config.model.init_values),
                   config.optim.warmup_steps == 0, config.train.seed))
@@ -575,7 +582,7 @@ def test_every_imagenet_command_parses_to_its_cell():
     assert (36, "skipinit", "auto", True, 1) in seen and (12, "layerscale", "0.1", False, 0) in seen
     assert len(seen) == len(commands)
     # 8 columns × (12 + 18 + 24 + 36) blocks × 1.37 node-hours per block (DeiT paper: 53 h · 292 / 940 / 12)
-    assert da.imagenet_node_hours() == pytest.approx(8 * 90 * 53 * 292 / 940 / 12)
+    assert da_imagenet.imagenet_node_hours() == pytest.approx(8 * 90 * 53 * 292 / 940 / 12)
 
 
 @pytest.mark.slow
@@ -614,7 +621,7 @@ def test_an_imagenet_command_trains_its_first_steps_on_fake_tfds_data(tmp_path):
         return builder
 
     workdir = str(tmp_path / "run")
-    args = [a for a in da.imagenet_run_args(12, ("rezero", False), 0, workdir) if a != "--distributed"]
+    args = [a for a in da_imagenet.imagenet_run_args(12, ("rezero", False), 0, workdir) if a != "--distributed"]
     args += [f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.data.image_size=32", "--config.model.img_size=32",
              "--config.train.batch_size=8", "--config.train.eval_batch_size=8", "--config.train.steps=2",
              "--config.train.log_every=1", "--config.train.eval_every=2", "--config.train.checkpoint_every=2",
@@ -644,20 +651,20 @@ def test_the_rate_sweep_runs_round_after_round_until_bracketed_and_a_shard_stops
         return {"run_id": spec.run_id, "protocol": spec.protocol, "scheme": spec.scheme, "warmup": spec.warmup,
                 "depth": spec.depth, "learning_rate": spec.learning_rate, "seed": spec.seed, "diverged": False,
                 "eval_split": "validation", "final_val_accuracy": accuracy, "seconds": 0.0}
-    monkeypatch.setattr(da, "train_run", fake_train)
+    monkeypatch.setattr(da_runs, "train_run", fake_train)
     columns, start = (("layerscale", True), ("rezero", False)), (1e-3, 1e-2)
     out = str(tmp_path)
-    da.run_rate_sweep(out, 10, columns, (12,), which_shard=(1, 2), start=start, log=lambda *a: None)
+    da_protocol.run_rate_sweep(out, 10, columns, (12,), which_shard=(1, 2), start=start, log=lambda *a: None)
     # plan sorted by (depth, rate, scheme): layerscale 1e-3, rezero 1e-3, layerscale 1e-2, rezero 1e-2, then
     # layerscale 2e-2 (its cell complete in this shard, best at the edge): this shard's are the 1st, 3rd, 5th
-    assert sorted((r["scheme"], r["learning_rate"]) for r in da.load_records(out)) == [
+    assert sorted((r["scheme"], r["learning_rate"]) for r in da_runs.load_records(out)) == [
         ("layerscale", 1e-3), ("layerscale", 1e-2), ("layerscale", 2e-2)]
     shard_runs = list(trained)
-    records = da.run_rate_sweep(out, 10, columns, (12,), start=start, log=lambda *a: None)
+    records = da_protocol.run_rate_sweep(out, 10, columns, (12,), start=start, log=lambda *a: None)
     assert not set(shard_runs) & set(trained[len(shard_runs):])           # nothing trained twice
     assert len(trained) == len(records) == 2 * 4
     assert sorted({r["learning_rate"] for r in records}) == [1e-3, 1e-2, 2e-2, 5e-2]
-    rates = da.best_learning_rates(records, 285, columns, (12,), start=start)
+    rates = da_protocol.best_learning_rates(records, 285, columns, (12,), start=start)
     assert rates["per_depth"] == {("layerscale", True, 12): 2e-2, ("rezero", False, 12): 2e-2}
     assert all(rates["bracketed"].values())
 
@@ -671,7 +678,7 @@ def test_the_post_hoc_nll_report_compares_layerscale_with_each_column_at_the_dee
                 "evaluations": [{"step": 0}, {"step": 10, "test_accuracy": 0.9, "test_loss": nll}]}
     records = [run("layerscale", d, x, k) for d in (6, 48, 96) for k, x in enumerate((0.1, 0.2, 0.3))]
     records += [run("none", d, x, k) for d in (6, 48, 96) for k, x in enumerate((0.3, 0.4, 0.5))]
-    text = da.write_nll(records, str(tmp_path / "nll.md"), "title", da.layout(records), (6, 48, 96))
+    text = da_reports.write_nll(records, str(tmp_path / "nll.md"), "title", da_reports.layout(records), (6, 48, 96))
     # difference −0.2; each variance 0.01, se = √(2 · 0.01/3) = 0.08165, t = −2.449 with 4 df; Holm over 2 tests
     p = 2 * stats.t.sf(0.2 / math.sqrt(2 * 0.01 / 3), 4)
     assert "**Post hoc**" in text and "| 6 | 0.400 [" in text and "| 6 | " not in text.split("p (Holm)")[1]

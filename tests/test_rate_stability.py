@@ -9,7 +9,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
-import depth_ablation as da  # noqa: E402
+import depth_ablation_reports as da_reports  # noqa: E402
+import depth_ablation_runs as da_runs  # noqa: E402
 import rate_stability as rs  # noqa: E402
 
 
@@ -61,7 +62,7 @@ def test_the_runs_are_the_preregistered_ones_on_new_seeds_and_each_shard_has_bot
     specs = rs.specs()
     assert len(specs) == len({s.run_id for s in specs}) == 36
     free = [s for s in specs if (s.scheme, s.warmup) in rs.NORM_FREE]
-    assert len(free) == 24 and {s.scheme for s in free} == set(da.NORMALISATION_FREE)
+    assert len(free) == 24 and {s.scheme for s in free} == set(da_reports.NORMALISATION_FREE)
     assert {(s.scheme, s.warmup) for s in specs if s not in free} == {("none", True), ("layerscale", True)}
     assert {s.seed for s in specs} == {1, 2, 3}                       # seed 0 was the observation's
     assert {(s.learning_rate, s.depth, s.steps, s.protocol) for s in specs} == {(2e-2, 48, 2000, "rates"),
@@ -122,10 +123,10 @@ def test_the_figure_draws_every_run_of_the_test(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_cut_after_n_steps_is_the_first_n_steps_of_the_whole_schedule():
-    tiny = da.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=8, evals=2, log_every=2)
-    spec = da.RunSpec(1, "layerscale", True, 0, 5e-3, "rates", 8)
-    whole = da.train_run(spec, tiny)
-    cut = da.train_run(spec, tiny, overrides={"train.stop_after_steps": 4})
+    tiny = da_runs.Sizing(embed_dim=8, num_heads=2, batch_size=16, steps=8, evals=2, log_every=2)
+    spec = da_runs.RunSpec(1, "layerscale", True, 0, 5e-3, "rates", 8)
+    whole = da_runs.train_run(spec, tiny)
+    cut = da_runs.train_run(spec, tiny, overrides={"train.stop_after_steps": 4})
     assert cut["steps"] == 4 and cut["warmup_steps"] == whole["warmup_steps"] == 1   # the 8-step schedule's warm-up
     assert cut["train_loss_curve"] == whole["train_loss_curve"][:2]
     assert [e["step"] for e in cut["evaluations"]] == [0, 4]

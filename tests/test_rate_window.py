@@ -11,7 +11,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
-import depth_ablation as da  # noqa: E402
+import depth_ablation_protocol as da_protocol  # noqa: E402
+import depth_ablation_runs as da_runs  # noqa: E402
 import rate_stability as rs  # noqa: E402
 import rate_window as rw  # noqa: E402
 
@@ -34,25 +35,25 @@ def test_the_runs_are_the_preregistered_ones_on_new_seeds_in_whole_comparable_un
     specs = rw.specs()
     assert len(specs) == len({s.run_id for s in specs}) == 8 * 5 * 3 * 2
     assert {s.seed for s in specs} == {5, 6, 7}
-    assert not {5, 6, 7} & (set(da.FINAL_SEEDS) | set(rs.SEEDS) | {0})      # seeds no earlier stage used
+    assert not {5, 6, 7} & (set(da_protocol.FINAL_SEEDS) | set(rs.SEEDS) | {0})      # seeds no earlier stage used
     assert {(s.protocol, s.steps) for s in specs} == {("rates", 2000)}
     assert {s.learning_rate for s in specs} == {2e-3, 5e-3, 1e-2, 2e-2, 5e-2}
-    assert {(s.scheme, s.warmup) for s in specs} == set(da.COLUMNS)
+    assert {(s.scheme, s.warmup) for s in specs} == set(da_runs.COLUMNS)
     # depth 48 before depth 6; within it seed by seed; the shared rates first; every column at a rate before the next
     assert [s.depth for s in specs] == [48] * 120 + [6] * 120
     first_seed = specs[:40]
     assert {s.seed for s in first_seed} == {5}
     assert [s.learning_rate for s in first_seed[::8]] == [1e-2, 2e-2, 5e-3, 2e-3, 5e-2]
-    assert all({(s.scheme, s.warmup) for s in first_seed[i:i + 8]} == set(da.COLUMNS) for i in range(0, 40, 8))
+    assert all({(s.scheme, s.warmup) for s in first_seed[i:i + 8]} == set(da_runs.COLUMNS) for i in range(0, 40, 8))
     assert sorted(rw.sweep.shard(specs, "1/2") + rw.sweep.shard(specs, "2/2"), key=specs.index) == specs
 
 
 def test_the_validation_split_has_the_preregistered_number_of_images():
-    assert da.validation_images() == rw.VALIDATION_IMAGES == 285
+    assert da_protocol.validation_images() == rw.VALIDATION_IMAGES == 285
 
 
 def _run(scheme="layerscale", warmup=True, depth=48, seed=5, rate=1e-2, correct=280, diverged=False):
-    return {"run_id": da.RunSpec(depth, scheme, warmup, seed, rate, "rates", 2000).run_id, "scheme": scheme,
+    return {"run_id": da_runs.RunSpec(depth, scheme, warmup, seed, rate, "rates", 2000).run_id, "scheme": scheme,
             "warmup": warmup, "depth": depth, "seed": seed, "learning_rate": rate, "diverged": diverged,
             "final_val_accuracy": correct / 285, "diverged_at_step": 300 if diverged else None,
             "steps": 300 if diverged else 2000, "eval_split": "validation", "protocol": "rates"}
@@ -176,7 +177,7 @@ def test_the_report_shows_every_seed_and_says_interim_until_complete(tmp_path):
 
 def test_the_cost_arithmetic_that_chose_depth_48_is_what_the_committed_records_give():
     by_depth = {}
-    for path in glob.glob(os.path.join(da.CONVERGED_OUT, "final", "runs", "*.json")):
+    for path in glob.glob(os.path.join(da_protocol.CONVERGED_OUT, "final", "runs", "*.json")):
         with open(path) as f:
             r = json.load(f)
         m = r["machine"]

@@ -30,7 +30,7 @@ DTYPES, DEPTHS = ("float32", "bfloat16"), (12, 24, 48, 96)
 # The depth-ablation model (configs/digits_layerscale.py): 8×8×1 digits, patch 2, width 64, 4 heads.
 ABLATION = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=64, num_heads=4,
                 drop_path_rate=0.05, init_values="auto")
-# The depth ablation's converged protocol (experiments/depth_ablation.py, PROTOCOL_SIZING) at depth 48: width 32,
+# The depth ablation's converged protocol (experiments/depth_ablation_runs.py, PROTOCOL_SIZING) at depth 48: width 32,
 # 2 heads, batch 64, scanned layers.
 SWEEP_STEP = StepSpec(batch=64, scan=True, overrides=dict(ABLATION, embed_dim=32, num_heads=2, depth=48))
 SMALL = dict(img_size=32, patch_size=4, in_chans=3, num_classes=10)     # the depth sweeps: 65 tokens, 10 classes
