@@ -167,7 +167,7 @@ def child(args):
 
 
 def run_child(contender, workers, args):
-    from layerscale_jax.runtime import huge_page_malloc_supported, malloc_environment, tcmalloc_library
+    from layerscale_jax.runtime.malloc import huge_page_malloc_supported, malloc_environment, tcmalloc_library
 
     package_root = args.baseline if contender.endswith("@baseline") else REPO
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),

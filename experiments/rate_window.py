@@ -22,7 +22,7 @@ non-diverged run of that seed got, N = 285 validation images: "within 1 point of
 """
 from __future__ import annotations
 
-if __name__ == "__main__":   # before anything allocates: a malloc that keeps XLA's buffers (layerscale_jax/runtime.py)
+if __name__ == "__main__":   # before any allocation: a malloc keeping XLA's buffers (layerscale_jax/runtime/malloc.py)
     from layerscale_jax.runtime import reexec_with_fast_malloc
     reexec_with_fast_malloc()
 

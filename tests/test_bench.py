@@ -144,7 +144,7 @@ def test_profile_attributes_time_to_the_compiled_programs_operations(capsys):
 @pytest.mark.slow
 def test_page_faults_runs_the_probe_in_fresh_processes_with_each_malloc():
     from layerscale_jax.bench.entries import bench_page_faults
-    from layerscale_jax.runtime import tcmalloc_library
+    from layerscale_jax.runtime.malloc import tcmalloc_library
     r = bench_page_faults(StepSpec(batch=2, overrides=TOY), rounds=1)
     names = ["default_4k_pages", "huge_page_malloc"] + ["tcmalloc"] * (tcmalloc_library() is not None)
     assert [name for name in r["runs"]] == names and r["tcmalloc_library"] == tcmalloc_library()

@@ -31,7 +31,8 @@ from test_train import cli, read_metrics, subprocess_env, tiny_config
 
 pytestmark = [pytest.mark.slow]
 
-# The CLI's huge-page re-exec (layerscale_jax/runtime.py) imports the package twice; only the start-up test keeps it.
+# The CLI's huge-page re-exec (layerscale_jax/runtime/malloc.py) imports the package twice; only the start-up
+# test keeps it.
 NO_REEXEC = {"LAYERSCALE_JAX_MALLOC": "system"}
 STATE_INIT = "init_fn"                   # loop.create_trainer's state initialiser, compiled before the train step
 ONE_PROCESS = {"data": 4, "fsdp": 1, "tensor": 1}

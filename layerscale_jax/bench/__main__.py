@@ -3,7 +3,7 @@ import sys
 
 from layerscale_jax.runtime import reexec_with_fast_malloc
 
-reexec_with_fast_malloc()      # before anything allocates: a malloc that keeps XLA's CPU buffers (runtime.py)
+reexec_with_fast_malloc()      # before anything allocates: a malloc that keeps XLA's CPU buffers (runtime/malloc.py)
 
 from layerscale_jax.bench.cli import main  # noqa: E402
 from layerscale_jax.cli import run_cli  # noqa: E402

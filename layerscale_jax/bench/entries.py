@@ -286,7 +286,7 @@ def bench_page_faults(spec: StepSpec = StepSpec(), rounds: int = 2) -> dict:
     """``probe`` with glibc's malloc as it starts (4 KiB pages), with its huge-page tunable, and with TCMalloc where
     the system has it (``layerscale_jax.runtime``): fresh processes alternated (default, huge pages, TCMalloc,
     default, ...); medians over all timed steps of each setting."""
-    from layerscale_jax.runtime import MALLOC_VARIABLE, TUNABLE, tcmalloc_library
+    from layerscale_jax.runtime.malloc import MALLOC_VARIABLE, TUNABLE, tcmalloc_library
     plain = {MALLOC_VARIABLE: "system", "GLIBC_TUNABLES": "", "LD_PRELOAD": ""}
     settings = {"default_4k_pages": plain, "huge_page_malloc": dict(plain, GLIBC_TUNABLES=TUNABLE)}
     if tcmalloc := tcmalloc_library():

@@ -32,8 +32,8 @@ import traceback
 
 from layerscale_jax.runtime import reexec_with_fast_malloc, stop_signals
 
-# Before anything allocates: a malloc that keeps XLA's per-step CPU buffers (see layerscale_jax/runtime.py). Then,
-# before the rest starts, the stop signals' handlers: a preemption notice during start-up is not lost.
+# Before anything allocates: a malloc that keeps XLA's per-step CPU buffers (see layerscale_jax/runtime/malloc.py).
+# Then, before the rest starts, the stop signals' handlers: a preemption notice during start-up is not lost.
 if __name__ == "__main__":
     reexec_with_fast_malloc()
     stop_signals.install()
