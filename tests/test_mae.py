@@ -161,7 +161,7 @@ def test_reconstruction_png_names_each_row_on_its_left():
 
     from PIL import Image
 
-    from layerscale_jax.train.tasks import RECONSTRUCTION_ROWS, reconstruction_png
+    from layerscale_jax.train.figures import RECONSTRUCTION_ROWS, reconstruction_png
 
     images = np.zeros((4, 3, 8, 8, 1), np.float32)             # normalised 0 → grey 0.5 with mean 0.5, std 1
     png = Image.open(io.BytesIO(reconstruction_png(images, (0.5,), (1.0,), scale=8)))
