@@ -32,7 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from layerscale_jax.data import config as config_lib, sources  # noqa: E402
-from layerscale_jax.data.pipeline import _Order  # noqa: E402
+from layerscale_jax.data.order import Order  # noqa: E402
 
 
 class BucketSource(sources.SyntheticSource):
@@ -56,7 +56,7 @@ def requests(keys, shard_size):
 
 def plan_counts(num_records, global_batch, host_batch, shard_size, block, window, batches):
     """Mean read requests and shards per host batch, host 0, for the plan (block, window)."""
-    order = _Order(num_records, 0, block, window)
+    order = Order(num_records, 0, block, window)
     reqs, shards = [], []
     for j in range(batches):
         keys = order.keys(j * global_batch + np.arange(host_batch))

@@ -14,7 +14,7 @@ from PIL import Image
 from layerscale_jax import data
 from layerscale_jax.data import config as data_config_lib
 from layerscale_jax.data import digits as digits_lib
-from layerscale_jax.data import pipeline, randaugment, sources, transforms
+from layerscale_jax.data import dataset_info, randaugment, sources, transforms
 
 
 @pytest.fixture(scope="module")
@@ -369,7 +369,7 @@ def test_the_block_read_plan_reads_few_blocks_in_key_order_and_visits_every_reco
     2 blocks, and is read from the source in increasing key order."""
     source, cfg = numbered_source
     cfg.update(read_block=10, read_window=2)
-    (mean,), (std,) = pipeline.normalization("digits", 1)
+    (mean,), (std,) = dataset_info.normalization("digits", 1)
     batches = train_batches(cfg, 10, 48, process_index=1, process_count=4)      # 2 epochs of 5 global batches
     assert all(read == sorted(read) for read in source.reads)
     for batch in batches:

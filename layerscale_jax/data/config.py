@@ -21,7 +21,7 @@ Fields (`data.*`):
   read_block         0: each epoch is a uniform permutation of the train records. > 0: a read plan for sharded
                      storage (ArrayRecord on a bucket): blocks of this many consecutive records, in a random order per
                      epoch, the records of `read_window` consecutive blocks shuffled together, so each process reads
-                     a batch from a few blocks instead of every shard (`data.pipeline._Order`; docs/data.md).
+                     a batch from a few blocks instead of every shard (`data.order.Order`; docs/data.md).
   read_window        with read_block > 0: how many blocks are shuffled together (more: better mixing, more blocks
                      read per batch).
   cache              decode the whole train split into memory once, at iterator creation (small datasets only).
