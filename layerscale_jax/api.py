@@ -166,7 +166,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *,
     in the config or workdir raise the CLI's one-line messages (``ValueError``, ``UserError``,
     ``workdir.WorkdirError``).
     """
-    from layerscale_jax.convert.pretrained import workdir_checkpoint
+    from layerscale_jax.convert.workdir import workdir_checkpoint
     from layerscale_jax.train.loop import train_and_evaluate
 
     config_lib.validate_experiment_config(config)
@@ -192,7 +192,8 @@ def load_run(workdir: str | Path, *, step: int | None = None, ema: bool | None =
     one stored with the checkpoint. Raises ``UserError`` for a missing directory, ``FileNotFoundError`` /
     ``ValueError`` naming the workdir when it holds no usable checkpoint (or not ``step``).
     """
-    from layerscale_jax.convert.pretrained import checkpoint_config, load_workdir, workdir_checkpoint
+    from layerscale_jax.convert.pretrained import load_workdir
+    from layerscale_jax.convert.workdir import checkpoint_config, workdir_checkpoint
 
     given, workdir = workdir, _local_workdir(workdir)
     if workdir.is_file():

@@ -22,7 +22,7 @@ from layerscale_jax.convert import (from_timm, load_model, load_pretrained, read
                                     resize_pos_embed, save_pretrained, to_timm, write_state_dict)
 from layerscale_jax.convert.__main__ import main as convert_main
 from layerscale_jax.convert.naming import qkv_heads_major
-from layerscale_jax.convert.pretrained import unrolled_params
+from layerscale_jax.convert.flat import unrolled_params
 
 FIXTURES = Path(__file__).parent / "fixtures" / "timm"
 CASES = ["deit3_tiny", "deit3_tiny_img48", "deit3_tiny_avgpool", "cait_tiny", "posembed_resize"]

@@ -341,7 +341,7 @@ def test_rates_are_chosen_per_depth_and_once_for_all_depths_on_validation():
                for lr, a in accs.items()]
     records += [fake_record(depth=48, lr=5e-4, acc=.7)]                      # 48's best was at the low edge
     rates = da_protocol.best_learning_rates(records, 100, columns=(("layerscale", True),), depths=(12, 48),
-                                   start=(1e-3, 2e-3, 5e-3))
+                                            start=(1e-3, 2e-3, 5e-3))
     assert rates["per_depth"] == {("layerscale", True, 12): 2e-3, ("layerscale", True, 48): 1e-3}
     assert rates["bracketed"] == {("layerscale", True, 12): True, ("layerscale", True, 48): True}
     assert rates["one_rate"] == {("layerscale", True): 2e-3}                  # 90 + 70 of 100 images is the most
@@ -352,7 +352,7 @@ def test_rates_are_chosen_per_depth_and_once_for_all_depths_on_validation():
         da_protocol.best_learning_rates([fake_record(split="test")], 100, columns=(("layerscale", True),), depths=(12,))
     with pytest.raises(ValueError, match="unfinished"):
         da_protocol.best_learning_rates(records[:2], 100, columns=(("layerscale", True),), depths=(12,),
-                               start=(1e-3, 2e-3, 5e-3))
+                                        start=(1e-3, 2e-3, 5e-3))
 
 
 def test_the_one_rate_choice_compares_whole_images_and_breaks_a_tie_to_the_lower_rate():
@@ -377,7 +377,7 @@ def test_the_one_rate_choice_compares_whole_images_and_breaks_a_tie_to_the_lower
     tie = [fake_record(depth=d, lr=lr, acc=c / 3) for d, counts in {12: {1e-3: 1, 2e-3: 2}, 48: {1e-3: 2, 2e-3: 1}}
            .items() for lr, c in counts.items()]
     tied = da_protocol.best_learning_rates(tie, 3, columns=(("layerscale", True),), depths=(12, 48), start=(1e-3, 2e-3),
-                                  max_extensions=0)
+                                           max_extensions=0)
     assert tied["one_rate"] == {("layerscale", True): 1e-3} and tied["one_rate_bracketed"] == {("layerscale", True):
                                                                                                False}
 
@@ -391,7 +391,7 @@ def test_rates_md_marks_a_choice_whose_lead_is_below_the_binomial_standard_error
                      diverged_at_step=None)
             da.sweep.save_json(da.sweep.record_path(str(tmp_path), r["run_id"]), r)
     da_reports.write_rates_report(str(tmp_path), 285, columns=(("layerscale", True),), depths=(12, 48),
-                          start=(1e-3, 2e-3, 5e-3))
+                                  start=(1e-3, 2e-3, 5e-3))
     text = (tmp_path / "rates.md").read_text()
     # by hand: SE at 98% on 285 images = 100·√(0.98·0.02/285) = 0.829 points; depth 12 leads by 1.0 (resolved),
     # depth 48 by 0.5 over 1e-3 (the diverged 5e-3 is no contender)
@@ -423,7 +423,7 @@ def test_the_rate_status_shows_each_cells_finished_rates_and_what_it_still_needs
     records += [fake_record(depth=96, lr=lr, acc=a) for lr, a in {1e-3: .9, 2e-3: .8, 5e-3: .7, 5e-4: .95,
                                                                    2e-4: .97}.items()]
     text = da_reports.rates_status(records, columns=(("layerscale", True),), depths=(12, 24, 48, 96), start=start,
-                           max_extensions=2)
+                                   max_extensions=2)
     assert "Rate sweep: 12 runs finished, 2 of 4 cells still need runs." in text
     assert "| layerscale | 12 | 0.001: 50.0, 0.002: 90.0, 0.005: 60.0 | bracketed: 0.002 |" in text
     assert "| layerscale | 24 | 0.001: 80.0, 0.002: 70.0, 0.005: div. | needs 0.0005 |" in text   # best at the edge

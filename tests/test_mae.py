@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from layerscale_jax.convert import load_pretrained, save_pretrained
-from layerscale_jax.convert.pretrained import flatten
+from layerscale_jax.convert.flat import flatten
 from layerscale_jax.models import create_model
 from layerscale_jax.models import mae as mae_lib
 from layerscale_jax.models.layout import convert_layout

@@ -10,9 +10,11 @@ checkpoints for ``config.init_from``.
 Command line: ``python -m layerscale_jax.convert --help``.
 """
 from layerscale_jax.convert.files import read_state_dict, write_state_dict
-from layerscale_jax.convert.pretrained import (from_timm, is_training_workdir, load_model, load_pretrained,
-                                               load_workdir, read_model_json, resize_pos_embed, save_pretrained,
-                                               saved_config, to_timm, workdir_config)
+from layerscale_jax.convert.matching import resize_pos_embed
+from layerscale_jax.convert.pretrained import (from_timm, load_model, load_pretrained, load_workdir, save_pretrained,
+                                               to_timm)
+from layerscale_jax.convert.sources import read_model_json, saved_config
+from layerscale_jax.convert.workdir import is_training_workdir, workdir_config
 
 __all__ = ["from_timm", "is_training_workdir", "load_model", "load_pretrained", "load_workdir", "read_model_json",
            "read_state_dict", "resize_pos_embed", "save_pretrained", "saved_config", "to_timm", "workdir_config",

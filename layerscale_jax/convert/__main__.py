@@ -28,8 +28,9 @@ from pathlib import Path
 from layerscale_jax.cli import run_cli
 from layerscale_jax.errors import UserError
 from layerscale_jax.convert.files import write_state_dict
-from layerscale_jax.convert.pretrained import (MODEL_JSON, PARAMS_DIR, from_timm, is_training_workdir, load_model,
-                                               load_workdir, read_model_json, save_pretrained, to_timm)
+from layerscale_jax.convert.pretrained import from_timm, load_model, load_workdir, save_pretrained, to_timm
+from layerscale_jax.convert.sources import MODEL_JSON, PARAMS_DIR, read_model_json
+from layerscale_jax.convert.workdir import is_training_workdir
 
 
 log = logging.getLogger("layerscale_jax.convert")
