@@ -30,7 +30,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from layerscale_jax.cli import UserError
 from layerscale_jax.convert.files import flatten_tensors, is_timm_file, read_state_dict
 from layerscale_jax.convert.flat import expected_params, natural_key, param_tree, unrolled_params
 from layerscale_jax.convert.matching import assign_params, plan_load
@@ -39,6 +38,7 @@ from layerscale_jax.convert.sources import (FORMAT, MODEL_JSON, PARAMS_DIR, Sour
                                             timm_source)
 from layerscale_jax.convert.workdir import (CHECKPOINTS_DIR, checkpoint_config, is_training_workdir, workdir_checkpoint,
                                             workdir_model_config, workdir_source)
+from layerscale_jax.errors import UserError
 from layerscale_jax.models.registry import create_from_config, create_model, list_models, model_config
 from layerscale_jax.orbax_failures import log_orbax_errors_on_one_line, release_waiting_save_threads
 
