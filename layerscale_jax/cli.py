@@ -59,8 +59,7 @@ def _device_error(err: BaseException) -> bool:
 
 def is_user_error(err: BaseException) -> bool:
     """Whether ``run_cli`` reports ``err`` as a one-line user error (see the module docstring)."""
-    return (isinstance(err, (UserError, ValueError, OSError)) or _device_error(err)
-            or _disk_cause(err) is not None)
+    return isinstance(err, (UserError, OSError)) or _device_error(err) or _disk_cause(err) is not None
 
 
 def one_line(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:

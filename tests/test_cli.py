@@ -200,8 +200,8 @@ def test_debug_switch_adds_the_traceback(files, tmp_path):
     assert run_cli(convert_main, [*args, "--debug"]) == 2          # the flag works as the variable does
 
 
-@pytest.mark.parametrize("bug", [KeyError("internal"), TypeError("unsupported operand"),
-                                 FloatingPointError("overflow")])
+@pytest.mark.parametrize("bug", [KeyError("internal"), ValueError("operands could not be broadcast together"),
+                                 TypeError("unsupported operand"), FloatingPointError("overflow")])
 def test_a_bug_keeps_its_traceback(bug):
     """Only the user-error types of layerscale_jax.errors (and the environment's OSError) become one line: a
     ValueError from deep in the code is a bug, not a config mistake, and keeps its traceback."""

@@ -15,6 +15,7 @@ import sys
 
 from layerscale_jax.bench.entries import ENTRIES, display
 from layerscale_jax.bench.step import StepSpec
+from layerscale_jax.errors import ConfigError
 
 TYPES = {"int": int, "float": float, "str": str}
 HELP = {"vs_timm": "time timm's model of the same name alternately with ours",
@@ -29,7 +30,7 @@ def parse_overrides(items: list[str] | None) -> dict:
     out = {}
     for item in items or []:
         if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set depth=6")
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set depth=6")
         key, value = item.split("=", 1)
         try:
             out[key] = ast.literal_eval(value)

@@ -18,6 +18,7 @@ import optax
 from flax import linen as nn
 
 from layerscale_jax.bench import timing
+from layerscale_jax.errors import ConfigError
 
 LABEL = "big_vision ViT-S/16 architecture (re-implemented in the bench with flax linen)"
 
@@ -64,7 +65,7 @@ def check(cfg, model: str) -> None:
     """The peer is a plain ViT: refuse any other family (CaiT) before anything is compiled."""
     from layerscale_jax.models.vit import ViTConfig
     if type(cfg) is not ViTConfig:
-        raise ValueError(f"--vs-peer: model {model!r} is a {type(cfg).__name__[:-6]}, and the peer ({LABEL}) is a "
+        raise ConfigError(f"--vs-peer: model {model!r} is a {type(cfg).__name__[:-6]}, and the peer ({LABEL}) is a "
                          "plain ViT; use --vs-peer with a ViT model such as deit3_small_patch16_224")
 
 

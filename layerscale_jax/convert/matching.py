@@ -16,6 +16,7 @@ from flax import nnx
 from layerscale_jax.convert.flat import STACKED, expected_params, flatten, natural_key, stack_blocks, unflatten
 from layerscale_jax.convert.naming import family, is_fused_qkv, ours_to_timm_name, qkv_heads_major, timm_shape
 from layerscale_jax.convert.sources import Source
+from layerscale_jax.errors import InputFileError
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ def resize_pos_embed(pos_embed: np.ndarray, grid: tuple[int, int]) -> np.ndarray
     _, n, d = pos_embed.shape
     side = math.isqrt(n)
     if side * side != n:
-        raise ValueError(f"pos_embed with {n} tokens is not a square grid; cannot resample it to {grid}")
+        raise InputFileError(f"pos_embed with {n} tokens is not a square grid; cannot resample it to {grid}")
     x = jnp.asarray(pos_embed.reshape(side, side, d), jnp.float32)
     y = jax.image.resize(x, (grid[0], grid[1], d), method="cubic", antialias=True)
     return np.asarray(y).reshape(1, grid[0] * grid[1], d).astype(pos_embed.dtype)
@@ -143,7 +144,7 @@ def plan_load(model: nnx.Module, src: Source) -> tuple[dict[str, np.ndarray], bo
             lines.append(f"{len(mismatched)} shape mismatch(es):")
             lines += [f"  {_show(k, src, fam, len(expected[k][0]))}: expected shape "
                       f"{_shape_in_source(k, expected[k][0], src)}, found {src.shapes[k]}" for k in mismatched]
-        raise ValueError("\n".join(lines))
+        raise InputFileError("\n".join(lines))
 
     if reinit_head:
         log.warning("num_classes differs (source head %s, model %d classes): the head keeps its fresh "

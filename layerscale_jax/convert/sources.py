@@ -17,6 +17,7 @@ from layerscale_jax.convert.naming import timm_to_ours
 from layerscale_jax.models.mae import MAEConfig
 from layerscale_jax.models.registry import model_config
 from layerscale_jax.paths import read_json
+from layerscale_jax.errors import InputFileError
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def timm_source(tensors: Mapping[str, np.ndarray], description: str) -> Source:
     for name, value in tensors.items():
         key, array = timm_to_ours(name, value)
         if key in out:
-            raise ValueError(f"{description}: {names[key]!r} and {name!r} both name our parameter {key!r}")
+            raise InputFileError(f"{description}: {names[key]!r} and {name!r} both name our parameter {key!r}")
         out[key], names[key], shapes[key] = array, name, tuple(value.shape)
     return Source(out, names, shapes, "timm", description)
 
@@ -63,7 +64,7 @@ def read_model_json(path: str | Path) -> dict:
     record = read_json(epath.Path(path) / MODEL_JSON, "convert the weights again (python -m layerscale_jax.convert "
                        "... --out DIR --overwrite) or save_pretrained(model, DIR, overwrite=True)")
     if record.get("format") != FORMAT:
-        raise ValueError(f"{str(path / MODEL_JSON)!r}: format {record.get('format')!r}, expected {FORMAT!r}")
+        raise InputFileError(f"{str(path / MODEL_JSON)!r}: format {record.get('format')!r}, expected {FORMAT!r}")
     return record
 
 

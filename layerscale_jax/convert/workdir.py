@@ -14,6 +14,7 @@ from layerscale_jax.convert.flat import flatten, unstack_blocks
 from layerscale_jax.convert.sources import MODEL_JSON, Source, encoder_of, host_device
 from layerscale_jax.models.mae import MAEConfig
 from layerscale_jax.models.registry import model_config
+from layerscale_jax.errors import ConfigError, InputFileError
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def workdir_checkpoint(workdir: str | Path, step: int | None = None) -> tuple[in
         corrupt[candidate] = reason
         log.warning("%s: the checkpoint at step %d is corrupt (%s); skipped", workdir, candidate, reason)
     if corrupt:
-        raise ValueError(f"training workdir {str(workdir)!r}: no usable checkpoint; corrupt: "
+        raise InputFileError(f"training workdir {str(workdir)!r}: no usable checkpoint; corrupt: "
                          + "; ".join(f"step {s}: {r}" for s, r in corrupt.items()))
     raise FileNotFoundError(f"training workdir {str(workdir)!r} has no complete checkpoint in {str(root)!r}")
 
@@ -67,9 +68,9 @@ def checkpoint_config(directory: Path) -> dict:
         with open(config_file) as f:
             config = json.load(f)
     except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{str(config_file)!r}: the stored config cannot be read ({err})") from err
+        raise InputFileError(f"{str(config_file)!r}: the stored config cannot be read ({err})") from err
     if not isinstance(config.get("model"), dict) or "name" not in config["model"]:
-        raise ValueError(f"{str(config_file)!r}: the stored config has no model section with a name")
+        raise InputFileError(f"{str(config_file)!r}: the stored config has no model section with a name")
     return config
 
 
@@ -96,7 +97,7 @@ def workdir_source(workdir: Path, step: int | None = None, ema: bool | None = No
         tree = checkpointer.metadata(state_dir).item_metadata.tree
         key = ("ema" if "ema" in tree else "params") if ema is None else ("ema" if ema else "params")
         if key not in tree:
-            raise ValueError(f"checkpoint {str(directory)!r} holds no EMA of the parameters "
+            raise ConfigError(f"checkpoint {str(directory)!r} holds no EMA of the parameters "
                              "(the run had optim.ema_decay=0); export its parameters instead")
         sharding = jax.sharding.SingleDeviceSharding(host_device())
         abstract = {key: jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding),

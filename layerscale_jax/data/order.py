@@ -19,6 +19,7 @@ import threading
 import numpy as np
 
 from layerscale_jax.data.sharding import normalize_rows, row_indices
+from layerscale_jax.errors import ConfigError
 
 
 class Order:
@@ -101,10 +102,10 @@ def process_rows(global_batch_size, process_index, process_count, rows):
     of all of them).
     """
     if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-        raise ValueError(f"global_batch_size must be a positive int, got {global_batch_size!r}")
+        raise ConfigError(f"global_batch_size must be a positive int, got {global_batch_size!r}")
     if rows is not None:
         if process_index is not None or process_count is not None:
-            raise ValueError("give either rows or process_index/process_count, not both")
+            raise ConfigError("give either rows or process_index/process_count, not both")
         return normalize_rows(rows, global_batch_size)
     if process_index is None or process_count is None:
         import jax
@@ -112,11 +113,11 @@ def process_rows(global_batch_size, process_index, process_count, rows):
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
     if not isinstance(process_count, int) or process_count < 1:
-        raise ValueError(f"process_count must be a positive int, got {process_count!r}")
+        raise ConfigError(f"process_count must be a positive int, got {process_count!r}")
     if not isinstance(process_index, int) or not 0 <= process_index < process_count:
-        raise ValueError(f"process_index must be in [0, {process_count}), got {process_index!r}")
+        raise ConfigError(f"process_index must be in [0, {process_count}), got {process_index!r}")
     if global_batch_size % process_count:
-        raise ValueError(
+        raise ConfigError(
             f"global_batch_size={global_batch_size} is not divisible by process_count={process_count}"
         )
     b = global_batch_size // process_count

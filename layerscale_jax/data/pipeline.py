@@ -27,6 +27,7 @@ from layerscale_jax.data.dataset_info import normalization
 from layerscale_jax.data.execution import Normalize, grain_iterator, release_handed_over_batches
 from layerscale_jax.data.order import Geometry, Order, process_rows
 from layerscale_jax.data.records import Records, build_cache
+from layerscale_jax.errors import ConfigError
 
 STATE_VERSION = 1
 _INFINITE = 2**62  # "infinite" number of train batches.
@@ -109,16 +110,16 @@ class TrainIterator:
 
     def set_state(self, state):
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"not a train-iterator state of version {STATE_VERSION}: {state!r}")
+            raise ConfigError(f"not a train-iterator state of version {STATE_VERSION}: {state!r}")
         for field in ("dataset", "seed", "global_batch_size", "num_records"):
             if state.get(field) != self._meta[field]:
-                raise ValueError(
+                raise ConfigError(
                     f"iterator state has {field}={state.get(field)!r} but this iterator has {self._meta[field]!r}"
                 )
         offset = int(state["offset"])
         if offset and _saved_rows(state.get("rows")) != self._meta["rows"]:
             # A partly used batch (records were skipped): only the rows this state was read with are meaningful.
-            raise ValueError(
+            raise ConfigError(
                 f"iterator state with a partly used batch (offset={offset}) was saved for rows "
                 f"{state.get('rows')!r} of each global batch; this iterator reads rows {self._meta['rows']!r}"
             )
@@ -208,7 +209,7 @@ def make_train_iterator(data_config, *, global_batch_size, seed, process_index=N
     settings = validate_data_config(data_config)
     geometry = Geometry(global_batch_size, process_rows(global_batch_size, process_index, process_count, rows))
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        raise ConfigError(f"seed must be a non-negative int, got {seed!r}")
     seed = int(seed)
     train_src, _, num_classes, channels = sources.open_sources(settings)
     mean, std = normalization(settings.name, channels)

@@ -7,6 +7,7 @@ import numpy as np
 
 from layerscale_jax.data import transforms
 from layerscale_jax.data.sources import BadRecordError
+from layerscale_jax.errors import InputFileError
 
 _READ_CHUNK = 1024  # records per read when filling the cache.
 
@@ -76,6 +77,6 @@ def build_cache(records, element_fn):
             images.append(element_fn(img) if element_fn else img)
             labels.append(lab)
     if not images:
-        raise ValueError(f"every record of {records.source.describe(0).split(' of ', 1)[1]} is bad")
+        raise InputFileError(f"every record of {records.source.describe(0).split(' of ', 1)[1]} is bad")
     final = element_fn is not None
     return Cache(np.stack(images) if final else images, np.asarray(labels, np.int32), final, skipped)

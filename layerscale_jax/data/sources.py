@@ -20,7 +20,7 @@ import numpy as np
 
 from layerscale_jax.data.config import DIGITS, SYNTHETIC
 from layerscale_jax.paths import as_path, is_url
-from layerscale_jax.errors import ConfigError
+from layerscale_jax.errors import ConfigError, InputFileError
 
 PREPARE_MODULE = "layerscale_jax.data.prepare"
 
@@ -29,7 +29,7 @@ class DatasetNotPreparedError(FileNotFoundError):
     """A TFDS dataset is not prepared (as array_record) in the data directory."""
 
 
-class BadRecordError(ValueError):
+class BadRecordError(InputFileError):
     """A record whose image cannot be decoded or whose label is outside [0, num_classes)."""
 
 

@@ -53,8 +53,8 @@ def _map_ids(fn, ids):
 
 def weight_decay_mask(model: nnx.Module) -> nnx.State:
     """``True`` where weight decay applies: the parameters whose role (``layers.params``) is ``weight`` or
-    ``adapter`` — Dense and Conv kernels, LoRA's A and B; ``False`` for biases, norms, LayerScale λ, scalar gates, tokens and position
-    embeddings. A parameter made without a role is an error."""
+    ``adapter`` — Dense and Conv kernels, LoRA's A and B; ``False`` for biases, norms, LayerScale λ, scalar gates,
+    tokens and position embeddings. A parameter made without a role is an error."""
     missing = []
 
     def decays(path, variable):

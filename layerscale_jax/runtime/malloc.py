@@ -29,6 +29,8 @@ import os
 import platform
 import sys
 
+from layerscale_jax.errors import ConfigError
+
 MALLOC_VARIABLE = "LAYERSCALE_JAX_MALLOC"
 MALLOC_CHOICES = ("auto", "hugepages", "system")
 TUNABLE = "glibc.malloc.hugetlb=1"
@@ -65,7 +67,7 @@ def malloc_environment(environ: dict[str, str], tcmalloc: str | None, huge_pages
     nothing to do: ``system``, already chosen (TCMalloc preloaded or the tunable set), or nothing available."""
     choice = environ.get(MALLOC_VARIABLE, "auto")
     if choice not in MALLOC_CHOICES:
-        raise ValueError(f"{MALLOC_VARIABLE}={choice!r}: expected one of {', '.join(MALLOC_CHOICES)}")
+        raise ConfigError(f"{MALLOC_VARIABLE}={choice!r}: expected one of {', '.join(MALLOC_CHOICES)}")
     preload = environ.get("LD_PRELOAD", "")
     tunables = environ.get("GLIBC_TUNABLES", "")
     if choice == "system" or "tcmalloc" in preload or "glibc.malloc.hugetlb" in tunables:

@@ -38,6 +38,7 @@ from layerscale_jax.train.config import (DEFAULT_CACHE_DIR, model_overrides, val
 from layerscale_jax.train.diagnostics import make_diagnostics_fn, to_floats
 from layerscale_jax.train.metrics import MetricsWriter
 from layerscale_jax.train.step import init_train_state, make_eval_step, make_train_step
+from layerscale_jax.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +54,14 @@ def _check_model_matches_data(model_cfg, info) -> None:
     for field, expected in ((("num_classes", info.num_classes),) * (not pretraining) +
                             (("img_size", info.image_size), ("in_chans", info.channels))):
         if model_cfg.get(field) != expected:
-            raise ValueError(f"model.{field}={model_cfg.get(field)!r} does not match dataset {info.name!r} "
+            raise ConfigError(f"model.{field}={model_cfg.get(field)!r} does not match dataset {info.name!r} "
                              f"({field} = {expected}); set config.model.{field}={expected}")
 
 
 def _check_batch(name: str, batch_size: int, mesh) -> None:
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
     if batch_size % batch_devices:
-        raise ValueError(f"train.{name}={batch_size} is not divisible by the {batch_devices} devices of the "
+        raise ConfigError(f"train.{name}={batch_size} is not divisible by the {batch_devices} devices of the "
                          f"mesh's batch axes (data={mesh.shape['data']} × fsdp={mesh.shape['fsdp']})")
 
 

@@ -4,9 +4,9 @@ The mesh has three axes, ``data`` (pure data parallel), ``fsdp`` (data parallel 
 state sharded) and ``tensor`` (tensor-parallel attention heads and MLP hidden units). The batch is split over
 ``data`` and ``fsdp``. Each parameter carries logical axis names (``embed``, ``heads``, ``mlp``, ``classes``,
 ``layers``), set where it is created (``layers.params``), and the config's rules map each logical name to a mesh
-axis (or ``None``: replicated), e.g. ``embed → fsdp``, ``heads → tensor``, ``mlp → tensor``. A dimension that the mesh axis does not divide stays
-replicated, except on ``tensor``: there it is an error (``check_tensor_parallelism``), since a split head makes
-every block gather its activations.
+axis (or ``None``: replicated), e.g. ``embed → fsdp``, ``heads → tensor``, ``mlp → tensor``. A dimension that the
+mesh axis does not divide stays replicated, except on ``tensor``: there it is an error (``check_tensor_parallelism``),
+since a split head makes every block gather its activations.
 
 The mesh's device order comes from ``jax.experimental.mesh_utils`` (the physical topology; across slices or
 processes with ``mesh.dcn_*``: ``mesh_devices``); each process reads the batch rows its devices hold, whatever order
