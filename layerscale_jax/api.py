@@ -299,7 +299,7 @@ def evaluate(model: nnx.Module, config: ml_collections.ConfigDict, split: str | 
         found = getattr(cfg, field, expected)
         if found != expected:
             raise ConfigError(f"the model's {field}={found!r} does not match dataset {info.name!r} ({field} = "
-                             f"{expected})")
+                              f"{expected})")
     mesh = shard_lib.make_mesh(config.train.mesh)
     graphdef, params = _params(model, "eval")
     task = tasks_lib.for_model(model, info.eval_split)

@@ -172,20 +172,20 @@ def add_adapters(model: nnx.Module, *, rank: int, alpha: float, dropout: float =
     unused = [p for p, u in zip(targets, used) if not u]
     if unused:
         raise ConfigError(f"lora target regex(es) {unused} match no dense layer (each is re.fullmatch'ed against "
-                         f"kernel paths such as {examples})")
+                          f"kernel paths such as {examples})")
 
     adapted = []
     for path, layer, active in plan:
         name = _name(path + ("kernel",))
         if path[-1] in _UNADAPTABLE:
             raise ConfigError(f"lora target {name!r}: the talking-heads mixings (proj_l, proj_w) read their kernel "
-                             "directly and cannot carry an adapter")
+                              "directly and cannot carry an adapter")
         if isinstance(layer, LoRALinear):
             raise ConfigError(f"lora target {name!r} already has an adapter")
         d_in, d_out = layer.in_features, layer.out_features
         if rank > min(d_in, d_out):
             raise ConfigError(f"lora rank={rank} exceeds min(d_in, d_out) = {min(d_in, d_out)} of {name!r} "
-                             f"(kernel {d_in} × {d_out})")
+                              f"(kernel {d_in} × {d_out})")
         layer_paths = _layer_module_paths(model, path)
         init = torch_conv_uniform(d_in)
         a = [init(jax.random.fold_in(key, _site_id(p) ^ zlib.crc32(_name(p).encode())), (d_in, rank),

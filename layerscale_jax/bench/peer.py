@@ -66,7 +66,7 @@ def check(cfg, model: str) -> None:
     from layerscale_jax.models.vit import ViTConfig
     if type(cfg) is not ViTConfig:
         raise ConfigError(f"--vs-peer: model {model!r} is a {type(cfg).__name__[:-6]}, and the peer ({LABEL}) is a "
-                         "plain ViT; use --vs-peer with a ViT model such as deit3_small_patch16_224")
+                          "plain ViT; use --vs-peer with a ViT model such as deit3_small_patch16_224")
 
 
 def compile_step(cfg, images, labels, tx: optax.GradientTransformation, seed: int = 0) -> tuple[timing.Loop, int]:

@@ -51,7 +51,7 @@ def read_state_dict(path: str | Path) -> dict[str, np.ndarray]:
         tensors = _torch_load(path)
     else:
         raise InputFileError(f"{str(path)!r}: unknown weights format {suffix!r}; expected one of {TIMM_SUFFIXES} "
-                         "or an orbax directory written by save_pretrained")
+                             "or an orbax directory written by save_pretrained")
     return flatten_tensors(tensors)
 
 

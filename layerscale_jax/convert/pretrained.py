@@ -56,8 +56,8 @@ def load_pretrained(model: nnx.Module, source) -> nnx.Module:
     values, reinit_head = plan_load(model, src)
     if reinit_head and _is_abstract(model):
         raise ConfigError("the source has no usable head for this model (num_classes differs, or an MAE encoder), and "
-                         "the model is abstract: build it with real parameters so that its freshly initialised head "
-                         "can be kept")
+                          "the model is abstract: build it with real parameters so that its freshly initialised head "
+                          "can be kept")
     assign_params(model, values)
     return model
 
@@ -77,14 +77,14 @@ def _read_source(source) -> Source:
             return workdir_source(path)
         if not (path / MODEL_JSON).is_file():
             raise InputFileError(f"{str(path)!r} is a directory without {MODEL_JSON} or {CHECKPOINTS_DIR}/: neither "
-                             "written by save_pretrained nor a training workdir")
+                                 "written by save_pretrained nor a training workdir")
         return orbax_source(path)
     if is_timm_file(path):
         return timm_source(read_state_dict(path), f"{str(path)!r}")
     if not path.exists():
         raise FileNotFoundError(f"pretrained source {str(path)!r} does not exist")
     raise InputFileError(f"{str(path)!r}: expected a .safetensors/.npz/.pth file, a save_pretrained directory or a "
-                     "training workdir")
+                         "training workdir")
 
 
 def _build_and_load(make, source, rngs: nnx.Rngs | None) -> nnx.Module:
@@ -117,13 +117,13 @@ def to_timm(model: nnx.Module) -> dict[str, np.ndarray]:
     from layerscale_jax.layers.lora import adapted_layers
     if any(not layer.lora_merged for _, layer in adapted_layers(model)):
         raise ConfigError("the model has LoRA adapters that are not merged: lora.merge(model) first, so the exported "
-                         "weights include them")
+                          "weights include them")
     fam = family(model.cfg)
     specs = expected_params(model)
     untranslatable = [k for k, (shape, _) in specs.items() if ours_to_timm_name(k, len(shape), fam) is None]
     if untranslatable:
         raise ConfigError(f"timm has no name for {sorted(untranslatable, key=natural_key)} "
-                         f"(branch_scaling={model.cfg.branch_scaling!r}); only layerscale and none export")
+                          f"(branch_scaling={model.cfg.branch_scaling!r}); only layerscale and none export")
     out = {}
     for key, value in unrolled_params(model).items():
         if is_fused_qkv(key):
@@ -151,7 +151,7 @@ def _registry_record(cfg, name: str | None) -> dict:
         name = min(candidates, key=lambda n: len(overrides_for(n)))
     elif type(model_config(name)) is not type(cfg):
         raise ConfigError(f"name={name!r} is a {type(model_config(name)).__name__} model, "
-                         f"but the model has a {type(cfg).__name__}")
+                          f"but the model has a {type(cfg).__name__}")
     return {"format": FORMAT, "model": name, "overrides": overrides_for(name),
             "config_class": type(cfg).__name__, "arch": arch}
 

@@ -51,7 +51,7 @@ def workdir_checkpoint(workdir: str | Path, step: int | None = None) -> tuple[in
         log.warning("%s: the checkpoint at step %d is corrupt (%s); skipped", workdir, candidate, reason)
     if corrupt:
         raise InputFileError(f"training workdir {str(workdir)!r}: no usable checkpoint; corrupt: "
-                         + "; ".join(f"step {s}: {r}" for s, r in corrupt.items()))
+                             + "; ".join(f"step {s}: {r}" for s, r in corrupt.items()))
     raise FileNotFoundError(f"training workdir {str(workdir)!r} has no complete checkpoint in {str(root)!r}")
 
 
@@ -98,7 +98,7 @@ def workdir_source(workdir: Path, step: int | None = None, ema: bool | None = No
         key = ("ema" if "ema" in tree else "params") if ema is None else ("ema" if ema else "params")
         if key not in tree:
             raise ConfigError(f"checkpoint {str(directory)!r} holds no EMA of the parameters "
-                             "(the run had optim.ema_decay=0); export its parameters instead")
+                              "(the run had optim.ema_decay=0); export its parameters instead")
         sharding = jax.sharding.SingleDeviceSharding(host_device())
         abstract = {key: jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding),
                                       tree[key])}

@@ -50,7 +50,7 @@ def normalize_rows(rows, global_batch_size):
     for start, stop in blocks:
         if not 0 <= start < stop <= global_batch_size:
             raise ConfigError(f"rows={rows!r}: block ({start}, {stop}) must satisfy 0 <= start < stop <= "
-                             f"global_batch_size={global_batch_size}")
+                              f"global_batch_size={global_batch_size}")
         if merged and start < merged[-1][1]:
             raise ConfigError(f"rows={rows!r}: blocks overlap at row {start}")
         if merged and start == merged[-1][1]:
@@ -78,7 +78,7 @@ def device_rows(devices, axis_names, global_batch_size, batch_axes=BATCH_AXES):
     shards = math.prod(devices.shape[p] for p in positions)
     if global_batch_size % shards:
         raise ConfigError(f"global batch of {global_batch_size} rows is not divisible by the {shards} shards of the "
-                         f"mesh's batch axes {dict((axis_names[p], devices.shape[p]) for p in positions)}")
+                          f"mesh's batch axes {dict((axis_names[p], devices.shape[p]) for p in positions)}")
     per_shard = global_batch_size // shards
     out = {}
     for index in np.ndindex(devices.shape):

@@ -172,13 +172,13 @@ def split_names(builder, train_split="train", eval_split=None):
         eval_split = next((s for s in ("test", "validation") if s in splits), None)
         if eval_split is None:
             raise ConfigError(f"TFDS dataset '{builder.name}' has neither a 'test' nor a 'validation' split "
-                             f"(splits: {sorted(splits)}); name one with data.eval_split")
+                              f"(splits: {sorted(splits)}); name one with data.eval_split")
     for field, split in (("train_split", train_split), ("eval_split", eval_split)):
         try:
             builder.info.splits[split]
         except (KeyError, ValueError) as e:
             raise ConfigError(f"data.{field}={split!r} is not a split of TFDS dataset '{builder.name}' "
-                             f"(splits: {sorted(splits)}): {str(e).splitlines()[0]}") from None
+                              f"(splits: {sorted(splits)}): {str(e).splitlines()[0]}") from None
     return train_split, eval_split
 
 
@@ -327,7 +327,7 @@ def open_sources(settings):
                                       ("eval_split", settings.eval_split or "test", "test")):
             if split != allowed:
                 raise ConfigError(f"data.{field}={split!r}: the 'synthetic' dataset has the splits 'train' (trained "
-                                 f"on) and 'test' (evaluated) only")
+                                  f"on) and 'test' (evaluated) only")
         make = lambda split, n: SyntheticSource(  # noqa: E731
             split, n, settings.image_size, settings.channels, settings.num_classes, settings.synthetic_jpeg_shape
         )

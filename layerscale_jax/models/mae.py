@@ -68,7 +68,7 @@ class MAEConfig(ArchConfig):
                 raise ConfigError(f"{field}={value!r} must be a positive integer")
         if self.decoder_embed_dim % self.decoder_num_heads:
             raise ConfigError(f"decoder_embed_dim={self.decoder_embed_dim} is not divisible by "
-                             f"decoder_num_heads={self.decoder_num_heads}")
+                              f"decoder_num_heads={self.decoder_num_heads}")
         ratio = self.mask_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio < 1.0:
             raise ConfigError(f"mask_ratio={ratio!r} must lie in the open interval (0, 1)")

@@ -117,7 +117,7 @@ def validate_config(config, total_steps: int | None = None) -> None:
         raise ConfigError(f"optim.schedule={config.schedule!r} is not one of {SCHEDULES}")
     if config.layer_decay_convention not in CONVENTIONS:
         raise ConfigError(f"optim.layer_decay_convention={config.layer_decay_convention!r} is not one of "
-                         f"{CONVENTIONS}")
+                          f"{CONVENTIONS}")
     inf = float("inf")
     lr = _number(config, "learning_rate", 0.0, inf, low_open=True)
     end = _number(config, "end_learning_rate", 0.0, inf)
@@ -155,4 +155,4 @@ def validate_config(config, total_steps: int | None = None) -> None:
         decays = config.schedule != "constant"
         if config.warmup_steps > total_steps or (decays and config.warmup_steps == total_steps):
             raise ConfigError(f"optim.warmup_steps={config.warmup_steps} leaves no room for the "
-                             f"{config.schedule!r} schedule in total_steps={total_steps}")
+                              f"{config.schedule!r} schedule in total_steps={total_steps}")

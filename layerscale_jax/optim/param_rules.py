@@ -42,8 +42,8 @@ def layer_decay_scales(model: nnx.Module, decay: float, convention: str = "mae",
     smallest = max(float(decay) ** last, float(min_scale))
     if np.float32(smallest) < np.finfo(np.float32).tiny:  # would silently freeze the stem
         raise ConfigError(f"layer_decay={decay!r} over {last + 1} layer groups gives the stem an LR multiplier of "
-                         f"{smallest:.3g}, which float32 cannot hold; raise layer_decay or set "
-                         f"layer_decay_min_scale")
+                          f"{smallest:.3g}, which float32 cannot hold; raise layer_decay or set "
+                          f"layer_decay_min_scale")
     return _map_ids(scale, ids)
 
 
@@ -65,8 +65,8 @@ def weight_decay_mask(model: nnx.Module) -> nnx.State:
     mask = map_variables(decays, nnx.state(model, nnx.Param))
     if missing:
         raise ValueError(f"parameter(s) {missing} carry no role; create them with layerscale_jax.layers.params.param "
-                         f"(or the metadata of layers.params.metadata) so that weight decay, sharding and "
-                         f"diagnostics know what they are")
+                          f"(or the metadata of layers.params.metadata) so that weight decay, sharding and "
+                          f"diagnostics know what they are")
     return mask
 
 
@@ -99,5 +99,5 @@ def trainable_mask(model: nnx.Module, freeze: Sequence[str] = ()) -> nnx.State:
     unused = [p for p, u in zip(freeze, used) if not u]
     if unused:
         raise ConfigError(f"optim.freeze regex(es) {unused} match no parameter (each is re.fullmatch'ed against "
-                         f"paths such as {examples})")
+                          f"paths such as {examples})")
     return mask

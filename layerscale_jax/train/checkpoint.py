@@ -415,8 +415,8 @@ class Checkpointer:
         positions = {(s["next_batch"], s["offset"]) for s in states.values()}
         if len(positions) != 1 or next(iter(positions))[1] != 0:
             raise ConfigError(f"checkpoint at step {step} was saved by {saved_processes} process(es) whose input "
-                             f"pipelines stood at different positions (skipped bad records: {sorted(positions)}); "
-                             f"it can only be resumed with the same {saved_processes} process(es) and mesh")
+                              f"pipelines stood at different positions (skipped bad records: {sorted(positions)}); "
+                              f"it can only be resumed with the same {saved_processes} process(es) and mesh")
         return states[0], None
 
     def close(self) -> None:

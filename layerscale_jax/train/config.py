@@ -126,7 +126,7 @@ def _check_fields(section, known, prefix: str) -> None:
     if unknown:
         listed = ", ".join(f"{prefix}{key}{did_you_mean(key, known)}" for key in unknown)
         raise ConfigError(f"unknown config field(s) {listed}; valid fields of {prefix.rstrip('.') or 'a config'}: "
-                         f"{', '.join(sorted(known))}")
+                          f"{', '.join(sorted(known))}")
 
 
 def validate_train_config(train) -> None:
@@ -265,7 +265,7 @@ def parse_config_arg(arg: str | None, allowed: dict) -> dict:
         key, value = (s.strip() for s in item.split("=", 1))
         if key not in allowed:
             raise ConfigError(f"config argument key {key!r} is not one of {sorted(allowed)}"
-                             f"{did_you_mean(key, allowed)}")
+                              f"{did_you_mean(key, allowed)}")
         default = allowed[key]
         if isinstance(default, bool):
             if value.lower() not in ("1", "true", "yes", "0", "false", "no"):
@@ -277,7 +277,7 @@ def parse_config_arg(arg: str | None, allowed: dict) -> dict:
                 result[key] = kind(value)
             except ValueError:
                 raise ConfigError(f"config argument {key}={value!r} is not a{'n int' if kind is int else ' number'}"
-                                 ) from None
+                                  ) from None
             if kind is float and not math.isfinite(result[key]):
                 raise ConfigError(f"config argument {key}={value!r} must be a finite number")
         else:

@@ -45,13 +45,13 @@ def validate(config) -> None:
         lora_lib.validate_config(config.lora)
         if mode != "lora":
             raise ConfigError(f"config.lora is set but train.finetune={mode!r}; set train.finetune='lora' or remove "
-                             "the lora section")
+                              "the lora section")
     if mode != "full":
         from layerscale_jax.models.mae import MAEConfig
         from layerscale_jax.models.registry import get_entry
         if get_entry(config.model.name).config_cls is MAEConfig:
             raise ConfigError(f"train.finetune={mode!r} needs a classifier, but model.name={config.model.name!r} is "
-                             "an MAE pre-training model; fine-tune its encoder in a ViT (train.init_from=<MAE run>)")
+                              "an MAE pre-training model; fine-tune its encoder in a ViT (train.init_from=<MAE run>)")
 
 
 def add_adapters(config, model: nnx.Module, seed: int) -> nnx.Module:

@@ -55,14 +55,14 @@ def _check_model_matches_data(model_cfg, info) -> None:
                             (("img_size", info.image_size), ("in_chans", info.channels))):
         if model_cfg.get(field) != expected:
             raise ConfigError(f"model.{field}={model_cfg.get(field)!r} does not match dataset {info.name!r} "
-                             f"({field} = {expected}); set config.model.{field}={expected}")
+                              f"({field} = {expected}); set config.model.{field}={expected}")
 
 
 def _check_batch(name: str, batch_size: int, mesh) -> None:
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
     if batch_size % batch_devices:
         raise ConfigError(f"train.{name}={batch_size} is not divisible by the {batch_devices} devices of the "
-                         f"mesh's batch axes (data={mesh.shape['data']} × fsdp={mesh.shape['fsdp']})")
+                          f"mesh's batch axes (data={mesh.shape['data']} × fsdp={mesh.shape['fsdp']})")
 
 
 def build_model_fns(config):

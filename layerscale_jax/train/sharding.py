@@ -63,7 +63,7 @@ def _sizes(mesh_config: Mapping[str, int], fields: Sequence[str], allow_fill: bo
         value = mesh_config.get(field, 1)
         if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and not (allow_fill and value == -1)):
             raise ConfigError(f"train.mesh.{field}={value!r} must be a positive integer"
-                             + (" or -1 (the remaining devices)" if allow_fill else ""))
+                              + (" or -1 (the remaining devices)" if allow_fill else ""))
         sizes[field] = value
     return sizes
 
@@ -101,8 +101,8 @@ def mesh_devices(mesh_config: Mapping[str, int], devices: Sequence[Any]) -> np.n
         product = " × ".join(f"dcn_{a}={dcn[f'dcn_{a}']}" for a in MESH_AXES)
         plural = {"slice": "slices", "process": "processes"}[kind]
         raise ConfigError(f"train.mesh: {product} = {math.prod(dcn_shape)} granules, but the {len(devices)} devices "
-                         f"belong to {len(groups)} {kind if len(groups) == 1 else plural}; the dcn_* sizes must "
-                         f"multiply to the number of {plural}")
+                          f"belong to {len(groups)} {kind if len(groups) == 1 else plural}; the dcn_* sizes must "
+                          f"multiply to the number of {plural}")
     per_granule = {len(g) for g in groups}
     if len(per_granule) != 1:
         raise ConfigError(f"train.mesh: the {kind}s hold different numbers of devices {sorted(per_granule)}")
@@ -116,7 +116,7 @@ def mesh_devices(mesh_config: Mapping[str, int], devices: Sequence[Any]) -> np.n
         ici[fill[0]] = count // known
     if math.prod(ici.values()) != count:
         raise ConfigError(f"train.mesh {ici} needs {math.prod(ici.values())} devices{where} but {count} are "
-                         f"available (set one axis to -1 to use all of them)")
+                          f"available (set one axis to -1 to use all of them)")
     shape = tuple(ici[a] for a in MESH_AXES)
     if len(groups) == 1:
         return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
@@ -255,9 +255,9 @@ def check_tensor_parallelism(model_name: str, model: nnx.Module, mesh: Mesh, rul
         what, n = bad[0]
         works = _divisors(math.gcd(*needs.values()))
         raise ConfigError(f"model {model_name}: {what} is not divisible by train.mesh.tensor={size} ({n} % {size} = "
-                         f"{n % size}): tensor parallelism would split it across devices and gather activations in "
-                         f"every block. Tensor sizes that divide every tensor-sharded dimension of this model: "
-                         f"{', '.join(map(str, works))}")
+                          f"{n % size}): tensor parallelism would split it across devices and gather activations in "
+                          f"every block. Tensor sizes that divide every tensor-sharded dimension of this model: "
+                          f"{', '.join(map(str, works))}")
 
 
 def describe(shardings) -> str:
