@@ -81,6 +81,17 @@ def test_a_renamed_layerscale_keeps_its_decay_sharding_and_diagnostics(monkeypat
     np.testing.assert_allclose(diag["blocks/mlp.scale"], [0.25, 0.25])
 
 
+def test_a_renamed_layerscale_exports_to_timms_name_for_lambda(monkeypatch):
+    """timm's names follow the role: λ stored as ``lam`` still exports as ``blocks.N.lsK.gamma``."""
+    from layerscale_jax.convert import to_timm
+
+    monkeypatch.setattr(scaling, "LayerScale", RenamedLayerScale)
+    state = to_timm(tiny(False, init_values=0.25))
+    assert sorted(k for k in state if ".ls" in k) == ["blocks.0.ls1.gamma", "blocks.0.ls2.gamma",
+                                                       "blocks.1.ls1.gamma", "blocks.1.ls2.gamma"]
+    np.testing.assert_array_equal(state["blocks.1.ls2.gamma"], np.full(16, 0.25, np.float32))
+
+
 def test_a_renamed_kernel_and_a_new_token_are_treated_by_role():
     model = nnx.eval_shape(lambda: tiny(False))
     mlp = model.blocks[0].mlp

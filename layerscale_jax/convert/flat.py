@@ -8,6 +8,7 @@ import numpy as np
 from flax import nnx
 
 from layerscale_jax.layers.lora import is_adapter_path
+from layerscale_jax.layers.params import map_variables, role
 from layerscale_jax.models.layout import STACKED_KEY
 
 
@@ -80,6 +81,13 @@ def expected_params(model: nnx.Module) -> dict[str, tuple[tuple[int, ...], np.dt
     if model.cfg.scan_layers:
         specs = unstack_blocks(specs, model.cfg.depth, take=lambda spec, i: (spec[0][1:], spec[1]))
     return specs
+
+
+def param_roles(model: nnx.Module) -> dict[str, str]:
+    """Our flat key → the parameter's role (``layers.params``), in the unrolled layout, LoRA adapters left out."""
+    roles = flatten(nnx.to_pure_dict(map_variables(lambda _, v: role(v), nnx.state(model, nnx.Param))))
+    roles = {k: r for k, r in roles.items() if not is_adapter_path(k)}
+    return unstack_blocks(roles, model.cfg.depth, take=lambda r, i: r) if model.cfg.scan_layers else roles
 
 
 def unrolled_params(model: nnx.Module) -> dict[str, np.ndarray]:

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from layerscale_jax.convert.flat import STACKED, expected_params, flatten, natural_key, stack_blocks, unflatten
+from layerscale_jax.convert.flat import (STACKED, expected_params, flatten, natural_key, param_roles, stack_blocks,
+                                         unflatten)
 from layerscale_jax.convert.naming import family, is_fused_qkv, ours_to_timm_name, qkv_heads_major, timm_shape
 from layerscale_jax.convert.sources import Source
 from layerscale_jax.errors import InputFileError
@@ -41,11 +42,11 @@ def _resizable(found: tuple[int, ...], expected: tuple[int, ...]) -> bool:
             and math.isqrt(found[1]) ** 2 == found[1])
 
 
-def _show(key: str, src: Source, fam: str, ndim: int) -> str:
+def _show(key: str, src: Source, fam: str, ndim: int, role: str | None) -> str:
     if key in src.names:
         name = src.names[key]
     elif src.convention == "timm":
-        name = ours_to_timm_name(key, ndim, fam) or key
+        name = ours_to_timm_name(key, ndim, fam, role) or key
     else:
         name = key
     return repr(name) if name == key else f"{name!r} (ours {key!r})"
@@ -88,11 +89,11 @@ def plan_load(model: nnx.Module, src: Source) -> tuple[dict[str, np.ndarray], bo
     """Validate ``src`` against ``model`` and adapt it; returns (the values to load, whether the head keeps the
     model's initialisation because only ``num_classes`` differs).
 
-    Raises one ValueError listing every problem; nothing is modified here.
+    Raises one InputFileError listing every problem; nothing is modified here.
     """
     cfg = model.cfg
     fam = family(cfg)
-    expected = expected_params(model)
+    expected, roles = expected_params(model), param_roles(model)
     fresh: list[str] = []
     if src.encoder_only:   # MAE encoder → classifier: a new head; with global_pool='avg' a new fc_norm, no norm
         fresh = sorted(k for k in expected if k.split(".")[0] in ("head", "fc_norm") and k not in src.tensors)
@@ -135,14 +136,15 @@ def plan_load(model: nnx.Module, src: Source) -> tuple[dict[str, np.ndarray], bo
         lines += _hints(cfg, src, missing, unexpected)
         if missing:
             lines.append(f"{len(missing)} missing key(s) (in the model, not in the source):")
-            lines += [f"  {_show(k, src, fam, len(expected[k][0]))}: expected shape "
+            lines += [f"  {_show(k, src, fam, len(expected[k][0]), roles[k])}: expected shape "
                       f"{_shape_in_source(k, expected[k][0], src)}" for k in missing]
         if unexpected:
             lines.append(f"{len(unexpected)} unexpected key(s) (in the source, not in the model):")
-            lines += [f"  {_show(k, src, fam, src.tensors[k].ndim)}: found shape {src.shapes[k]}" for k in unexpected]
+            lines += [f"  {_show(k, src, fam, src.tensors[k].ndim, None)}: found shape {src.shapes[k]}"
+                      for k in unexpected]
         if mismatched:
             lines.append(f"{len(mismatched)} shape mismatch(es):")
-            lines += [f"  {_show(k, src, fam, len(expected[k][0]))}: expected shape "
+            lines += [f"  {_show(k, src, fam, len(expected[k][0]), roles[k])}: expected shape "
                       f"{_shape_in_source(k, expected[k][0], src)}, found {src.shapes[k]}" for k in mismatched]
         raise InputFileError("\n".join(lines))
 

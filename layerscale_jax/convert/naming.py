@@ -105,27 +105,29 @@ def timm_to_ours(name: str, value: np.ndarray) -> tuple[str, np.ndarray]:
     return ".".join(parts[:-1] + ["kernel"]), np.transpose(value, perm)
 
 
-def ours_to_timm_name(key: str, ndim: int, fam: str) -> str | None:
-    """Our flat key → the timm name (``None``: timm has no such parameter, e.g. a ``scalar`` branch multiplier)."""
+def ours_to_timm_name(key: str, ndim: int, fam: str, role: str | None) -> str | None:
+    """Our flat key of a parameter with ``role`` (``layers.params``) → timm's name; ``None`` where timm has no such
+    parameter (a scalar branch multiplier, a LoRA factor) or the key is not one of the model's parameters
+    (``role=None``). The role decides, not the leaf's name: kernels become ``weight`` (Dense and Conv layouts),
+    LayerNorm scales ``weight``, LayerScale's λ of branch ``lsN`` timm's ``lsN.gamma`` (DeiT III) or ``gamma_N``
+    (CaiT); biases, the class token and position embeddings keep our key."""
     parts = key.split(".")
-    leaf = parts[-1]
-    if leaf == "scale":
+    if role == "norm":
         return ".".join(parts[:-1] + ["weight"])
-    if leaf == "kernel":
+    if role == "weight":
         return ".".join(parts[:-1] + ["weight"]) if ndim in _TO_TIMM else None
-    if leaf == "gamma" and len(parts) >= 2 and parts[-2] in ("ls1", "ls2"):
-        if fam == "cait":
-            return ".".join(parts[:-2] + [f"gamma_{parts[-2][-1]}"])
-        return key
-    if leaf in ("bias", "cls_token", "pos_embed"):
+    if role == "layerscale" and len(parts) >= 2 and parts[-2] in ("ls1", "ls2"):
+        branch = parts[-2][-1]
+        return ".".join(parts[:-2] + [f"gamma_{branch}"] if fam == "cait" else parts[:-1] + ["gamma"])
+    if role in ("bias", "token", "position"):
         return key
     return None
 
 
-def ours_to_timm(key: str, value: np.ndarray, fam: str) -> tuple[str | None, np.ndarray]:
-    """One of our parameters → ``(timm name or None, array in timm's layout)``."""
-    name = ours_to_timm_name(key, value.ndim, fam)
-    if key.endswith(".kernel") and name is not None:
+def ours_to_timm(key: str, value: np.ndarray, fam: str, role: str) -> tuple[str | None, np.ndarray]:
+    """One of our parameters (with its ``role``) → ``(timm name or None, array in timm's layout)``."""
+    name = ours_to_timm_name(key, value.ndim, fam, role)
+    if role == "weight" and name is not None:
         value = np.transpose(value, _TO_TIMM[value.ndim])
     return name, value
 

@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from layerscale_jax.convert.files import flatten_tensors, is_timm_file, read_state_dict
-from layerscale_jax.convert.flat import expected_params, natural_key, param_tree, unrolled_params
+from layerscale_jax.convert.flat import expected_params, natural_key, param_roles, param_tree, unrolled_params
 from layerscale_jax.convert.matching import assign_params, plan_load
 from layerscale_jax.convert.naming import family, is_fused_qkv, ours_to_timm, ours_to_timm_name, qkv_timm_order
 from layerscale_jax.convert.sources import (FORMAT, MODEL_JSON, PARAMS_DIR, Source, orbax_source, saved_config,
@@ -119,8 +119,8 @@ def to_timm(model: nnx.Module) -> dict[str, np.ndarray]:
         raise ConfigError("the model has LoRA adapters that are not merged: lora.merge(model) first, so the exported "
                           "weights include them")
     fam = family(model.cfg)
-    specs = expected_params(model)
-    untranslatable = [k for k, (shape, _) in specs.items() if ours_to_timm_name(k, len(shape), fam) is None]
+    specs, roles = expected_params(model), param_roles(model)
+    untranslatable = [k for k, (shape, _) in specs.items() if ours_to_timm_name(k, len(shape), fam, roles[k]) is None]
     if untranslatable:
         raise ConfigError(f"timm has no name for {sorted(untranslatable, key=natural_key)} "
                           f"(branch_scaling={model.cfg.branch_scaling!r}); only layerscale and none export")
@@ -128,7 +128,7 @@ def to_timm(model: nnx.Module) -> dict[str, np.ndarray]:
     for key, value in unrolled_params(model).items():
         if is_fused_qkv(key):
             value = qkv_timm_order(np.asarray(value), model.cfg.num_heads)
-        name, array = ours_to_timm(key, value, fam)
+        name, array = ours_to_timm(key, value, fam, roles[key])
         out[name] = np.array(array)                       # a contiguous, writable copy
     return out
 
