@@ -286,7 +286,7 @@ def evaluate(model: nnx.Module, config: ml_collections.ConfigDict, split: str | 
     from layerscale_jax.data import get_dataset_info
     from layerscale_jax.train import sharding as shard_lib
     from layerscale_jax.train import tasks as tasks_lib
-    from layerscale_jax.train.loop import evaluate as evaluate_split
+    from layerscale_jax.train.evaluation import evaluate as evaluate_split
     from layerscale_jax.train.step import make_eval_step
 
     if split is not None:

@@ -214,7 +214,7 @@ def test_a_bug_keeps_its_traceback(bug):
 
 def test_the_user_error_types_become_one_line(capsys):
     from layerscale_jax.errors import ConfigError, InputFileError, UserError
-    from layerscale_jax.train.loop import NonFiniteError
+    from layerscale_jax.train.guard import NonFiniteError
 
     for err in (ConfigError("train.steps=0 must be a positive integer"), InputFileError("'w.npz' is not valid"),
                 UserError("no such dataset"), NonFiniteError("non-finite loss at step 3"),

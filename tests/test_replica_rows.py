@@ -6,8 +6,9 @@ line. Which hosts read the same rows: tests/test_pod_topology.py
 import pytest
 
 from layerscale_jax.errors import UserError
+from layerscale_jax.train import feed as feed_lib
 from layerscale_jax.train import loop as loop_lib
-from layerscale_jax.train.loop import replica_mismatch
+from layerscale_jax.train.feed import replica_mismatch
 
 from test_train import tiny_config
 
@@ -23,8 +24,8 @@ def test_replicas_that_skipped_different_records_are_named():
 @pytest.mark.slow
 def test_the_loop_stops_when_hosts_reading_the_same_rows_skipped_different_records(tmp_path, monkeypatch):
     """Two processes simulated in one: their plans name the same rows and their gathered counts differ."""
-    monkeypatch.setattr(loop_lib, "read_plan", lambda *a: {0: ((0, 16),), 1: ((0, 16),)})
-    monkeypatch.setattr(loop_lib, "gather_from_all", lambda count: [count, count + 1])
+    monkeypatch.setattr(feed_lib, "read_plan", lambda *a: {0: ((0, 16),), 1: ((0, 16),)})
+    monkeypatch.setattr(feed_lib, "gather_from_all", lambda count: [count, count + 1])
     config = tiny_config("steps=4")
     config.data.skip_bad_records = True
     with pytest.raises(UserError, match=r"by step 1, processes that read the same rows skipped different numbers of "

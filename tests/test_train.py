@@ -16,6 +16,7 @@ from layerscale_jax import data as data_lib
 from layerscale_jax.train import loop as loop_lib
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train.checkpoint import Checkpointer
+from layerscale_jax.train.guard import NonFiniteError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "configs", "tiny_synthetic.py")
@@ -258,7 +259,7 @@ def _exploding_config(mode):
 @pytest.mark.slow
 def test_nonfinite_loss_stops_the_run_naming_step_and_checkpoint(tmp_path):
     workdir = str(tmp_path / "nan")
-    with pytest.raises(loop_lib.NonFiniteError, match=r"non-finite loss, gradient norm or update at step \d+"):
+    with pytest.raises(NonFiniteError, match=r"non-finite loss, gradient norm or update at step \d+"):
         loop_lib.train_and_evaluate(_exploding_config("raise"), workdir)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=10)
     trainer = loop_lib.create_trainer(_exploding_config("raise"), shard_lib.make_mesh({"data": -1}))
@@ -286,6 +287,36 @@ def test_a_non_finite_loss_is_logged_without_a_tensorboard_warning_for_each(tmp_
     writer.close()
     assert "NaN or Inf" not in caplog.text
     assert read_metrics(str(tmp_path))[0]["step"] == 1
+
+
+@pytest.mark.slow
+def test_a_metric_added_in_the_task_alone_is_logged_shown_and_in_the_results(tmp_path, monkeypatch, capsys):
+    """A train statistic and an evaluation metric added to a task (``train/tasks.py``) and nowhere else reach
+    metrics.jsonl, the console line and results.json."""
+    import jax.numpy as jnp
+
+    from layerscale_jax.train import tasks as tasks_lib
+
+    class WithTop2(tasks_lib.ClassificationTask):
+        eval_metrics = (*tasks_lib.ClassificationTask.eval_metrics, "top2")
+
+        def loss(self, model, images, targets, key):
+            loss, statistics = super().loss(model, images, targets, key)
+            return loss, {**statistics, "top_target": jnp.mean(jnp.max(targets, -1))}
+
+        def eval_values(self, model, batch):
+            top2 = jnp.argsort(model(batch["image"]), -1)[:, -2:]
+            return {**super().eval_values(model, batch),
+                    "top2": jnp.any(top2 == batch["label"][:, None], -1).astype(jnp.float32)}
+
+    monkeypatch.setattr(tasks_lib, "for_model", lambda model, eval_split="test": WithTop2(eval_split))
+    workdir = str(tmp_path / "run")
+    results = loop_lib.train_and_evaluate(tiny_config("steps=3"), workdir)
+    assert results["test_accuracy"] <= results["test_top2"] <= 1.0 and results["test_examples"] == 40
+    logged = read_metrics(workdir)
+    assert all("train_top_target" in r for r in logged if "train_loss" in r)
+    assert logged[-1]["test_top2"] == results["test_top2"]
+    assert "test_top2" in capsys.readouterr().err.splitlines()[-1]
 
 
 # -- multi-process: tests/test_multihost.py ---------------------------------------------------------------------

@@ -1,19 +1,25 @@
-"""``train_and_evaluate(config, workdir)``: the main job, readable top to bottom. The same loop trains a classifier
-(from scratch, or fine-tuned fully, with LoRA or as a linear probe: ``train.finetune``) or pre-trains an MAE; the
-task (``train.tasks``) supplies the loss, the evaluation and what is written at each evaluation.
+"""``train_and_evaluate(config, workdir)``: the main job, and ``train_and_record(config)``: the same loop in record
+mode, for a study's runs. The loop trains a classifier (from scratch, or fine-tuned fully, with LoRA or as a linear
+probe: ``train.finetune``) or pre-trains an MAE; the task (``train.tasks``) supplies the loss, the evaluation's
+metrics and what is written at each evaluation.
 
-mesh → data → model (abstract) → optimizer → shardings → state (created sharded, or restored) → jitted step →
-loop (metrics, evaluation, checkpoints, preemption) → results.json.
+mesh → data → model (abstract) → optimizer → shardings → jitted steps (``create_trainer``) → the workdir's policy →
+state (created sharded, or restored) → train step compiled → ``_loop`` → results.json.
+
+``_loop`` reads in one glance: step; once per logging window, the metrics behind the non-finite guard; evaluate;
+checkpoint; stop. What it calls are named pieces, each in its own module: ``feed.Batches`` (the input, its
+position, its wait), ``guard.NonFiniteGuard``, ``metrics.MetricsLog`` (metrics.jsonl, TensorBoard, the console) or
+``metrics.RunRecord`` (record mode: the loss curve and the evaluations, returned as the record),
+``evaluation.Evaluation`` (the task's metrics, the diagnostics), ``saving.Checkpoints`` and ``saving.Preemption``
+(record mode: none). The workdir's policy (what a workdir may hold, resuming, the results) is ``_open_workdir``,
+``_check_workdir``, ``_restore_or_init`` and ``_write_results`` here.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
-import logging
-import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -24,27 +30,22 @@ from layerscale_jax import optim
 from layerscale_jax.models import create_model
 from layerscale_jax.paths import as_path, read_json, write_text_atomically
 from layerscale_jax.runtime import stop_signals
-from layerscale_jax.cli import UserError
-from layerscale_jax.data.sharding import process_batch_rows, read_plan
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import finetune as finetune_lib
 from layerscale_jax.train import tasks as tasks_lib
 from layerscale_jax.train import workdir as workdir_lib
-from layerscale_jax.train.workdir import CACHE_IN_WORKDIR
 from layerscale_jax.train.workdir_lock import WorkdirLock
-from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, gather_from_all, to_jsonable
-from layerscale_jax.train.config import (DEFAULT_CACHE_DIR, model_overrides, validate_experiment_config,
-                                         validate_train_config)
-from layerscale_jax.train.diagnostics import make_diagnostics_fn, to_floats
-from layerscale_jax.train.metrics import MetricsWriter
+from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, to_jsonable
+from layerscale_jax.train.compile_cache import use_compilation_cache
+from layerscale_jax.train.config import model_overrides, validate_experiment_config, validate_train_config
+from layerscale_jax.train.diagnostics import make_diagnostics_fn
+from layerscale_jax.train.evaluation import Evaluation
+from layerscale_jax.train.feed import Batches
+from layerscale_jax.train.guard import NonFiniteGuard
+from layerscale_jax.train.metrics import MetricsLog, MetricsWriter, RunRecord, console_keys
+from layerscale_jax.train.saving import Checkpoints, Preemption
 from layerscale_jax.train.step import init_train_state, make_eval_step, make_train_step
 from layerscale_jax.errors import ConfigError
-
-log = logging.getLogger(__name__)
-
-
-class NonFiniteError(UserError, FloatingPointError):
-    pass
 
 
 def _check_model_matches_data(model_cfg, info) -> None:
@@ -90,20 +91,6 @@ def state_shardings(abstract_state: dict, param_sharding, mesh, rules) -> dict:
         shardings["ema"] = param_sharding
     shardings["opt_state"] = shard_lib.opt_state_shardings(abstract_state["opt_state"], mesh, rules)
     return shardings
-
-
-def evaluate(eval_step_fn, params, config, mesh, task=None) -> dict[str, float]:
-    """The task's test metrics over the whole test split (each example counted once, whatever the process layout):
-    test loss and accuracy for classification, the masked-patch reconstruction loss for MAE."""
-    sums = {"count": 0.0}
-    size = config.train.eval_batch_size
-    iterator = data_lib.make_eval_iterator(config.data, global_batch_size=size, rows=process_batch_rows(mesh, size))
-    for batch in iterator:
-        out = eval_step_fn(params, data_lib.to_global_batch(batch, mesh, size))
-        for k, v in jax.device_get(out).items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-    task = task if task is not None else tasks_lib.ClassificationTask()
-    return task.summarize({**dict.fromkeys(("loss_sum", "correct"), 0.0), **sums})
 
 
 @dataclasses.dataclass
@@ -202,50 +189,6 @@ def _architecture_line(arch: dict) -> str:
             f"(init {arch.get('init_values')}): {arch['parameters']:,} parameters")
 
 
-def use_compilation_cache(directory: str, workdir=None) -> str:
-    """JAX's persistent compilation cache in ``directory`` (``train.compilation_cache_dir``; '' leaves it off): a
-    restarted job loads its compiled programs instead of compiling them again. Every program is cached however fast
-    it compiled (JAX's default skips those under 1 s: the restore's small ones add up); the minimum entry size stays
-    JAX's choice for the filesystem. Takes effect only before the process's first compilation. A damaged entry heals
-    (``_replace_damaged_cache_entries``).
-
-    JAX writes cache entries from process 0 only, so on a pod a per-host directory leaves hosts 1…N−1 compiling at
-    every restart while the pod waits for them. A job of several processes whose ``directory`` is the per-host
-    default uses ``<workdir>/xla_cache`` instead, which every process reaches (their checkpoints are there too).
-    Returns the directory used ('' for none)."""
-    if directory == DEFAULT_CACHE_DIR and workdir is not None and jax.process_count() > 1:
-        directory = os.fspath(as_path(workdir) / CACHE_IN_WORKDIR)
-    if directory:
-        jax.config.update("jax_compilation_cache_dir", os.fspath(as_path(directory, "train.compilation_cache_dir")))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    _replace_damaged_cache_entries()
-    return directory
-
-
-def _replace_damaged_cache_entries() -> None:
-    """A damaged entry of the persistent compilation cache (a job killed or a disk filled while JAX wrote it, a
-    changed file) fails to load on every run: JAX warns and compiles again, but never replaces it (it writes no key
-    that exists). Here an entry that fails to load is deleted first, so that JAX's one warning is followed by the
-    compiled program replacing it: the next run loads it."""
-    from jax._src import compilation_cache
-
-    load = compilation_cache.get_executable_and_time
-    if getattr(load, "replaces_damaged_entries", False):
-        return
-
-    def load_or_delete(cache_key, *args, **kwargs):
-        try:
-            return load(cache_key, *args, **kwargs)
-        except Exception:
-            root = getattr(compilation_cache._cache, "path", None)
-            if root is not None:
-                (root / f"{cache_key}-cache").unlink(missing_ok=True)
-            raise                                          # JAX warns once, compiles, and writes the entry again
-
-    load_or_delete.replaces_damaged_entries = True
-    compilation_cache.get_executable_and_time = load_or_delete
-
-
 def train_and_evaluate(config, workdir, devices=None, *, restart: bool = False) -> dict:
     """Train ``config`` in ``workdir`` (local or any ``etils.epath`` path; resuming from its latest checkpoint) and
     return the final results.
@@ -263,6 +206,138 @@ def train_and_evaluate(config, workdir, devices=None, *, restart: bool = False) 
         print(f"compilation cache: {cache}, shared by the job's {jax.process_count()} processes (set "
               "train.compilation_cache_dir to a shared path to share it between runs too)", flush=True)
     lock = WorkdirLock(workdir)
+    _open_workdir(workdir, lock, restart, is_primary)
+    try:
+        with stop_signals:         # SIGTERM / Ctrl-C stop every process at one sync point (layerscale_jax.runtime)
+            return _train_and_evaluate(config, workdir, devices, is_primary)
+    finally:
+        lock.release()
+
+
+def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
+    tc = config.train
+    trainer = create_trainer(config, shard_lib.make_mesh(tc.mesh, devices))
+    arch = describe_architecture(config, _count_parameters(trainer.abstract_model))
+    config_json = to_jsonable(config.to_dict())
+    checkpointer = Checkpointer(workdir / "checkpoints", keep=tc.keep_checkpoints,
+                                best_metric=trainer.task.best_metric, best_mode=trainer.task.best_mode)
+    finished = _check_workdir(workdir, config_json, checkpointer, tc.steps, is_primary)
+    if finished is not None:
+        return finished
+    if is_primary:
+        _describe(trainer, arch)
+    start = _restore_or_init(trainer, checkpointer, workdir, is_primary)
+    batches = Batches(config, trainer.mesh, start.data_state)
+    # The train step compiles here, before its first run: a stop signal during start-up, restore or this compile
+    # (minutes for a large model on a pod) ends the job before that step, with nothing new to save.
+    trainer.train_step.lower(start.state, batches.first).compile()
+    if stop_signals.stopped_before(start.step + 1) or stop_signals.requested_anywhere():
+        batches.close()
+        checkpointer.close()
+        print(f"stopped before step {start.step + 1}: nothing new to save", flush=True)
+        return {"preempted_at_step": start.step}
+
+    evaluation = Evaluation(trainer, end=tc.steps, workdir=workdir)
+    writer = MetricsWriter(workdir, tc.steps, shown=console_keys(trainer.task))
+    guard = NonFiniteGuard(tc.nonfinite, checkpointer)
+    checkpoints = Checkpoints(checkpointer, writer, batches, guard, config_json, tc.checkpoint_every, end=tc.steps,
+                              saved_at=start.step if start.resumed else None)
+    log = MetricsLog(writer, batches, tc, end=tc.steps, start_step=start.step, window=start.window)
+    train_start = time.time()
+    try:
+        state, step, stopped = _loop(trainer, start.state, start.step, tc.steps, batches=batches, log=log,
+                                     guard=guard, evaluation=evaluation, checkpoints=checkpoints,
+                                     preemption=Preemption(tc, start.step, checkpoints))
+        if not stopped and step == start.step:     # restored at the last step: the run ended before its results
+            evaluation.results = evaluation.metrics(state)
+    finally:
+        writer.close()
+        batches.close()
+    checkpointer.close()
+    if stopped:
+        return {"preempted_at_step": step}
+    results = {**evaluation.results, "steps": step, "train_seconds": time.time() - train_start,
+               "nonfinite_steps": int(jax.device_get(state["nonfinite_steps"])), "model": arch,
+               "resumed_from_step": start.step if start.resumed else None}
+    if is_primary:
+        _write_results(workdir / "results.json", results, trainer.task, checkpointer, writer)
+    return results
+
+
+def train_and_record(config) -> dict:
+    """The record mode of the loop, for a study's runs (``experiments/``): train ``config`` without a workdir (no
+    checkpoints, no logs: a run is short, and its record is its result) and return its record.
+
+    The run ends after ``train.steps``, or after ``train.stop_after_steps`` (> 0) steps of that schedule, with an
+    evaluation there, or at the end of the logging window of its first non-finite step (``train.nonfinite='skip'``
+    keeps that step out of the state), evaluated there and recorded as diverged: an outcome of the run, not an
+    exception. The diagnostics (``train.diagnostics``) are recorded at step 0 and at every evaluation.
+
+    The record: ``train_split``, ``eval_split`` (as the data pipeline resolved them); ``final_<m>`` and ``best_<m>``
+    of the task's best metric ``m`` (classification: ``<p>_accuracy``, ``p`` the evaluated split's prefix
+    ``test`` or ``val``, ``tasks.metric_prefix``); ``final_train_loss`` (NaN if diverged); ``diverged``,
+    ``diverged_at_step``; ``steps``; ``seconds`` and ``timing`` (setup, first step with its compilation, per later
+    step, evaluations); ``train_loss_curve`` ([step, mean loss of the window's finite steps] per logging window) and
+    ``evaluations`` (dicts with ``step``, the task's metrics and the diagnostics)."""
+    started = time.time()
+    tc = config.train
+    trainer = create_trainer(config, shard_lib.make_mesh(tc.mesh))
+    end = min(tc.steps, tc.stop_after_steps or tc.steps)
+    state = trainer.init_state()
+    guard = NonFiniteGuard("stop")
+    evaluation = Evaluation(trainer, end=end)
+    record = RunRecord(trainer.task, tc.log_every, end=end, started=started)
+    with Batches(config, trainer.mesh) as batches:
+        record.evaluated(0, {}, evaluation.diagnostics(state))                 # at initialisation
+        record.setup_done()
+        state, step, _ = _loop(trainer, state, 0, end, batches=batches, log=record, guard=guard,
+                               evaluation=evaluation, checkpoints=_NOTHING, preemption=_NOTHING)
+    return record.results(step, guard.diverged_at, trainer.info, evaluation.seconds)
+
+
+def _loop(trainer, state, step: int, end: int, *, batches, log, guard, evaluation, checkpoints, preemption):
+    """Train from ``step`` to ``end``: each step's metrics are logged once per window (``log``: metrics.jsonl and
+    the console, or the record's loss curve) after the non-finite ``guard`` has seen them; evaluations, checkpoints
+    and a stop (``preemption``) follow at their steps. A divergence (record mode's guard) ends the loop after its
+    evaluation. Returns ``(state, step, stopped)``, ``stopped``: ended early by ``preemption``."""
+    while step < end:
+        state, metrics = trainer.train_step(state, next(batches))
+        step += 1
+        log.append(step, metrics)
+        if log.due(step):
+            fetched = log.fetch()
+            guard.check(step, fetched)
+            log.write(step, fetched, state)
+        evaluated = evaluation.due(step) or guard.diverged
+        if evaluated:
+            log.evaluated(step, *evaluation(step, state))
+        if checkpoints.due(step):
+            checkpoints.save(step, state, evaluation.results if evaluated else None, log.pending)
+        if guard.diverged:
+            break
+        if preemption.stopped(step, evaluated, state, log.pending):
+            return state, step, True
+    return state, step, False
+
+
+class _Nothing:
+    """Record mode's checkpoints and preemption: none."""
+
+    def due(self, step: int) -> bool:
+        return False
+
+    def stopped(self, *args) -> bool:
+        return False
+
+
+_NOTHING = _Nothing()
+
+
+# -- the workdir: what it may hold, the run's start and its results --------------------------------------------------
+
+def _open_workdir(workdir, lock: WorkdirLock, restart: bool, is_primary: bool) -> None:
+    """Create ``workdir`` and take its lock; finish an interrupted ``--restart``, or move the earlier run aside for
+    this one. A refusal (``workdir.WorkdirError``) stops every process, not only process 0."""
     problem = None
     if is_primary:
         try:
@@ -277,35 +352,21 @@ def train_and_evaluate(config, workdir, devices=None, *, restart: bool = False) 
                 print(f"--restart: the earlier run's files are moved to {moved}", flush=True)
         except workdir_lib.WorkdirError as err:
             problem = str(err)
-    problem = broadcast_from_primary(problem)      # every process stops, not only process 0
+    problem = broadcast_from_primary(problem)
     if problem is not None:
         raise workdir_lib.WorkdirError(problem)
-    try:
-        with stop_signals:         # SIGTERM / Ctrl-C stop every process at one sync point (layerscale_jax.runtime)
-            return _train_and_evaluate(config, workdir, devices, is_primary)
-    finally:
-        lock.release()
 
 
-def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
-    tc = config.train
-    mesh = shard_lib.make_mesh(tc.mesh, devices)
-    trainer = create_trainer(config, mesh)
-    use_ema = config.optim.ema_decay > 0
-    train_step, eval_step = trainer.train_step, trainer.eval_step
-    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(trainer.abstract_model, nnx.Param)))
-    arch = describe_architecture(config, n_params)
-    config_json = to_jsonable(config.to_dict())
-    checkpointer = Checkpointer(workdir / "checkpoints", keep=tc.keep_checkpoints,
-                                best_metric=trainer.task.best_metric, best_mode=trainer.task.best_mode)
-    results_path = workdir / "results.json"
-
+def _check_workdir(workdir, config_json: dict, checkpointer: Checkpointer, steps: int, is_primary: bool) -> dict | None:
+    """The workdir policy: a run of another config, of more steps, or logs without a checkpoint to resume are
+    refused (``workdir.WorkdirError``, on every process); accepted config changes are named. Returns the stored
+    results of a finished run of ``steps`` steps (then nothing is trained), else None."""
     accepted, problem = [], None
     if is_primary:
         try:
             has_checkpoints = checkpointer.latest_step() is not None
             workdir_lib.check_stored_config(workdir, config_json, has_checkpoints, write=False)   # fields first
-            workdir_lib.check_resumable(workdir, checkpointer.directory, checkpointer.latest_step(), tc.steps)
+            workdir_lib.check_resumable(workdir, checkpointer.directory, checkpointer.latest_step(), steps)
             accepted = workdir_lib.check_stored_config(workdir, config_json, has_checkpoints)
         except workdir_lib.WorkdirError as err:
             problem = str(err)
@@ -315,222 +376,74 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
         raise workdir_lib.WorkdirError(problem)
     for change in accepted:
         print(f"config changed since the stored run (accepted): {change}", flush=True)
-    if checkpointer.latest_step() == tc.steps and results_path.exists():
-        results = read_json(results_path, "delete it and rerun: the final checkpoint is evaluated again")
-        if results.get("steps") == tc.steps:
-            checkpointer.close()
-            if is_primary:
-                print(f"{workdir} holds a finished run of {tc.steps} steps (raise train.steps to continue it):\n"
-                      f"{json.dumps(results, indent=2)}", flush=True)
-            return results
-
-    if is_primary:
-        print(f"{_architecture_line(arch)}; mesh {dict(mesh.shape)}; {jax.device_count()} devices, "
-              f"{jax.process_count()} processes", flush=True)
-        print("layer-wise learning-rate multipliers:\n" + trainer.bundle.table(), flush=True)
-        if tc.finetune != "full":
-            print(finetune_lib.describe(config, trainer.abstract_model, trainer.optim_config), flush=True)
-        print("parameter sharding:\n" + shard_lib.describe(trainer.param_sharding), flush=True)
-
-    # State: restored from the workdir, or created already sharded.
-    restored = checkpointer.restore(trainer.abstract_state)
-    pending: list = []                       # per-step metrics not yet logged
-    if restored is not None:
-        start_step, state, data_state, pending = restored
-        print(f"resumed from step {start_step} in {checkpointer.directory}", flush=True)
-        laid_over = workdir_lib.checkpoint_train_steps(checkpointer.directory, start_step) if is_primary else None
-        if laid_over not in (None, tc.steps):
-            print(_schedule_change(trainer.optim_config, laid_over, tc.steps, start_step,
-                                   int(jax.device_get(state["nonfinite_steps"]))), flush=True)
-        if is_primary:
-            workdir_lib.truncate_metrics(workdir / "metrics.jsonl", start_step)
-    else:
-        start_step, data_state = 0, None
-        state = trainer.init_state()
-
-    # Input pipeline, positioned where the checkpoint left it; this process reads the rows its devices hold.
-    train_iter = data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed,
-                                              rows=process_batch_rows(mesh, tc.batch_size))
-    if data_state is not None:
-        train_iter.set_state(data_state)
-    waited_from = time.perf_counter()
-    first_batch = data_lib.to_global_batch(next(train_iter), mesh, tc.batch_size)
-    first_batch_wait = time.perf_counter() - waited_from   # counted in the first progress line's input wait
-    # The train step compiles here, before its first run: a stop signal during start-up, restore or this compile
-    # (minutes for a large model on a pod) ends the job before that step, with nothing new to save.
-    train_step.lower(state, first_batch).compile()
-    if stop_signals.stopped_before(start_step + 1) or stop_signals.requested_anywhere():
-        train_iter.close()
-        checkpointer.close()
-        print(f"stopped before step {start_step + 1}: nothing new to save", flush=True)
-        return {"preempted_at_step": start_step}
-    diagnostics_batch = _diagnostics_batch(config, mesh) if trainer.diagnostics is not None else None
-
-    writer = MetricsWriter(workdir, tc.steps)
-    last_saved = [start_step if restored is not None else None]
-    plan = read_plan(mesh.devices, mesh.axis_names, tc.batch_size)
-    replicated_rows = config.data.skip_bad_records and len({repr(rows) for rows in plan.values()}) < len(plan)
-
-    def check_replicas(step):
-        """Processes that read the same rows (``tensor`` across hosts) must have skipped the same bad records."""
-        problem = replica_mismatch(plan, gather_from_all(train_iter.bad_records)) if replicated_rows else None
-        if problem is not None:
-            raise UserError(f"by step {step}, {problem}: their copies of the dataset differ, so one batch shard got "
-                            "different examples on different hosts; give every host the same dataset files (e.g. "
-                            "one data.data_dir on gs://) and resume from the last checkpoint")
-
-    def save(step, metrics=None, window=None):
-        if last_saved[0] == step:
-            return
-        check_replicas(step)
-        nonfinite = int(jax.device_get(state["nonfinite_steps"]))
-        if nonfinite and tc.nonfinite == "raise":
-            raise NonFiniteError(_nonfinite_message(step, checkpointer))
-        writer.flush()                         # the records up to `step` are in metrics.jsonl before its checkpoint
-        checkpointer.save(step, state, train_iter.get_state(), config_json, metrics=metrics, window=window)
-        last_saved[0] = step
-
-    try:
-        step = start_step
-        last_log_time, last_log_step = time.time(), step
-        input_wait = first_batch_wait              # seconds spent in next(train_iter) since the last log step
-        train_start = time.time()
-        eval_results: dict[str, float] = {}
-        preempted = False
-        while step < tc.steps:
-            waited_from = time.perf_counter()       # the step is dispatched asynchronously: time spent here
-            if first_batch is not None:             # is time the input pipeline kept the loop waiting
-                batch, first_batch = first_batch, None
-            else:
-                batch = data_lib.to_global_batch(next(train_iter), mesh, tc.batch_size)
-            input_wait += time.perf_counter() - waited_from
-            state, metrics = train_step(state, batch)
-            step += 1
-            pending.append(metrics)
-
-            if step % tc.log_every == 0 or step == tc.steps:
-                fetched = jax.device_get(pending)
-                pending = []
-                if not all(m["finite"] for m in fetched) and tc.nonfinite == "raise":
-                    bad = step - len(fetched) + next(i for i, m in enumerate(fetched) if not m["finite"])
-                    raise NonFiniteError(_nonfinite_message(bad + 1, checkpointer))
-                now = time.time()
-                scalars = {k: _window_mean([m[k] for m in fetched]) for k in fetched[0]
-                           if k.startswith("train_") or k == "grad_norm"}
-                scalars["learning_rate"] = float(fetched[-1]["learning_rate"])
-                scalars["img_per_s"] = (step - last_log_step) * tc.batch_size / max(now - last_log_time, 1e-9)
-                scalars["nonfinite_steps"] = float(jax.device_get(state["nonfinite_steps"]))
-                scalars["bad_records"] = float(train_iter.bad_records)
-                wait_ms = 1e3 * input_wait / max(step - last_log_step, 1)   # console only: timing, not a record
-                last_log_time, last_log_step, input_wait = now, step, 0.0
-                writer.write(step, scalars)
-                writer.progress(step, {**scalars, "input_wait_ms": wait_ms})
-                check_replicas(step)
-
-            is_eval = (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps
-            if is_eval:
-                eval_params = state["ema"] if use_ema else state["params"]
-                eval_results = evaluate(eval_step, eval_params, config, mesh, trainer.task)
-                trainer.task.after_evaluation(trainer, eval_params, step, workdir)
-                eval_scalars = dict(eval_results)
-                if trainer.diagnostics is not None:
-                    eval_scalars.update(to_floats(trainer.diagnostics(state["params"], diagnostics_batch)))
-                writer.write(step, eval_scalars)
-                writer.progress(step, eval_results)
-            if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.steps:
-                save(step, metrics=eval_results if is_eval else None, window=_host_window(pending))
-
-            stop_slot = tc.stop_after_steps and step - start_step >= tc.stop_after_steps
-            stop = stop_signals.reached_sync_point(step + 1)
-            if not stop and is_eval and step < tc.steps:    # a notice during the evaluation: stop now, not later
-                stop = stop_signals.requested_anywhere()
-            if (stop or stop_slot) and step < tc.steps:
-                preempted = True
-                no_time = _no_time_to_save(tc.stop_deadline_seconds, checkpointer) if last_saved[0] != step else None
-                if no_time is not None:
-                    print(f"stopped at step {step} without saving it ({no_time}); the last checkpoint is step "
-                          f"{checkpointer.last_complete} in {checkpointer.directory}", flush=True)
-                    break
-                save(step, window=_host_window(pending))
-                print(f"stopped at step {step}; checkpoint saved in {checkpointer.directory}", flush=True)
-                break
-
-        if not preempted and step == start_step:    # restored at the last step: the run ended before its results
-            eval_results = evaluate(eval_step, state["ema"] if use_ema else state["params"], config, mesh,
-                                    trainer.task)
-    finally:
-        writer.close()
-        train_iter.close()
+    results_path = workdir / "results.json"
+    if checkpointer.latest_step() != steps or not results_path.exists():
+        return None
+    results = read_json(results_path, "delete it and rerun: the final checkpoint is evaluated again")
+    if results.get("steps") != steps:
+        return None
     checkpointer.close()
-    train_seconds = time.time() - train_start
-    if preempted:
-        return {"preempted_at_step": step}
-    results = {**eval_results, "steps": step,
-               "train_seconds": train_seconds, "nonfinite_steps": int(jax.device_get(state["nonfinite_steps"])),
-               "model": arch, "resumed_from_step": start_step if restored is not None else None}
     if is_primary:
-        write_text_atomically(results_path, json.dumps(results, indent=2))
-        metrics = (f"{trainer.task.prefix}_accuracy", f"{trainer.task.prefix}_loss")
-        tested = ", ".join(f"{k.replace('_', ' ')} {results[k]:.4f}" for k in metrics if k in results)
-        skipped = results["nonfinite_steps"]
-        if skipped:                    # train.nonfinite='skip': say so where the result is read, not only in json
-            tested += (f" ({skipped} of the {step} steps were skipped, their loss, gradient or update non-finite: "
-                       "lower optim.learning_rate or set optim.grad_clip_norm)")
-        print(f"{tested} after {step} steps ({train_seconds:.1f} s)\n"
-              f"checkpoints: {checkpointer.directory}\nmetrics: {writer.jsonl_path}\n"
-              f"TensorBoard: tensorboard --logdir {writer.tb_dir}\nresults: {results_path}",
-              flush=True)
+        print(f"{workdir} holds a finished run of {steps} steps (raise train.steps to continue it):\n"
+              f"{json.dumps(results, indent=2)}", flush=True)
     return results
 
 
-def replica_mismatch(plan: dict, skipped: list[int]) -> str | None:
-    """Processes reading the same rows of every batch (``plan``: ``data.sharding.read_plan``; with ``tensor`` across
-    hosts) feed one batch shard, so with ``data.skip_bad_records`` they must have skipped the same records: the same
-    content gives the same decisions. ``skipped``: each process's count, in process order. The mismatch in words (a
-    dataset copy that differs between hosts), or None."""
-    groups = collections.defaultdict(list)
-    for process, rows in plan.items():
-        groups[repr(rows)].append(process)
-    for processes in groups.values():
-        if len({skipped[p] for p in processes}) > 1:
-            counts = ", ".join(f"process {p}: {skipped[p]}" for p in processes)
-            return f"processes that read the same rows skipped different numbers of bad records ({counts})"
-    return None
+def _describe(trainer: Trainer, arch: dict) -> None:
+    """What is trained: the architecture, the mesh, the layer-wise learning rates, the fine-tuning mode, the
+    parameters' sharding."""
+    config, mesh = trainer.config, trainer.mesh
+    print(f"{_architecture_line(arch)}; mesh {dict(mesh.shape)}; {jax.device_count()} devices, "
+          f"{jax.process_count()} processes", flush=True)
+    print("layer-wise learning-rate multipliers:\n" + trainer.bundle.table(), flush=True)
+    if config.train.finetune != "full":
+        print(finetune_lib.describe(config, trainer.abstract_model, trainer.optim_config), flush=True)
+    print("parameter sharding:\n" + shard_lib.describe(trainer.param_sharding), flush=True)
 
 
-def _no_time_to_save(deadline: float, checkpointer: Checkpointer) -> str | None:
-    """Why the stop's save is skipped, or None: ``train.stop_deadline_seconds`` (the time a preemption notice gives
-    before the machine is reclaimed; 0: none) would pass before a save as long as the last one measured in this job
-    ends, counted from the notice. Process 0 decides for all (a save is collective); the last sealed checkpoint stays
-    the one to resume from. Without a measured save, or a notice (``train.stop_after_steps``), it saves."""
-    if not deadline:
-        return None
-    checkpointer.wait()               # a save still in flight ends first either way: then its time is known
-    reason = None
-    if jax.process_index() == 0:
-        notice, estimate = stop_signals.notice_time(), checkpointer.last_save_seconds
-        if notice is not None and estimate is not None:
-            left = deadline - (time.time() - notice)
-            if estimate > left:
-                reason = (f"a save takes about {estimate:.1f} s and {max(left, 0.0):.1f} s of "
-                          f"train.stop_deadline_seconds={deadline:g} are left")
-    return broadcast_from_primary(reason)
+class _Start(NamedTuple):
+    step: int
+    state: dict
+    data_state: Any                  # the train iterator's position (None: from the start)
+    window: list                     # the metrics not yet logged when the checkpoint was saved
+    resumed: bool
 
 
-def _diagnostics_batch(config, mesh) -> dict:
-    """The batch the per-block diagnostics are measured on at every evaluation: the first train batch of the seed,
-    before augmentation by Mixup/CutMix, the same one after a resume."""
-    tc = config.train
-    with data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed,
-                                      rows=process_batch_rows(mesh, tc.batch_size)) as iterator:
-        return data_lib.to_global_batch(next(iterator), mesh, tc.batch_size)
+def _restore_or_init(trainer: Trainer, checkpointer: Checkpointer, workdir, is_primary: bool) -> _Start:
+    """The state to train from: the newest usable checkpoint's (its records after its step dropped from
+    metrics.jsonl; a changed ``train.steps`` named, as it changes the schedule from here), or a new one."""
+    restored = checkpointer.restore(trainer.abstract_state)
+    if restored is None:
+        return _Start(0, trainer.init_state(), None, [], False)
+    step, state, data_state, window = restored
+    print(f"resumed from step {step} in {checkpointer.directory}", flush=True)
+    steps = trainer.config.train.steps
+    laid_over = workdir_lib.checkpoint_train_steps(checkpointer.directory, step) if is_primary else None
+    if laid_over not in (None, steps):
+        print(_schedule_change(trainer.optim_config, laid_over, steps, step,
+                               int(jax.device_get(state["nonfinite_steps"]))), flush=True)
+    if is_primary:
+        workdir_lib.truncate_metrics(workdir / "metrics.jsonl", step)
+    return _Start(step, state, data_state, window, True)
 
 
-def _window_mean(values: list) -> float:
-    """The mean of a logging window's per-step values, accumulated in float64: the same number whether every value
-    came from the devices (float32) or the window's first steps came from a checkpoint after a stop (Python floats,
-    ``_host_window``), so a resumed run logs exactly what an uninterrupted one does."""
-    return float(np.mean(np.asarray(values, dtype=np.float64)))
+def _write_results(path, results: dict, task, checkpointer: Checkpointer, writer: MetricsWriter) -> None:
+    """``results.json``, and the final lines: the evaluation's metrics, the steps a ``skip`` guard skipped, where
+    the checkpoints, metrics, TensorBoard logs and results are."""
+    write_text_atomically(path, json.dumps(results, indent=2))
+    step = results["steps"]
+    tested = ", ".join(f"{k.replace('_', ' ')} {results[k]:.4f}" for k in task.eval_keys if k in results)
+    skipped = results["nonfinite_steps"]
+    if skipped:                        # train.nonfinite='skip': say so where the result is read, not only in json
+        tested += (f" ({skipped} of the {step} steps were skipped, their loss, gradient or update non-finite: "
+                   "lower optim.learning_rate or set optim.grad_clip_norm)")
+    print(f"{tested} after {step} steps ({results['train_seconds']:.1f} s)\n"
+          f"checkpoints: {checkpointer.directory}\nmetrics: {writer.jsonl_path}\n"
+          f"TensorBoard: tensorboard --logdir {writer.tb_dir}\nresults: {path}", flush=True)
+
+
+def _count_parameters(model: nnx.Module) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def _schedule_change(optim_config, old_steps: int, new_steps: int, step: int, skipped: int) -> str:
@@ -542,17 +455,3 @@ def _schedule_change(optim_config, old_steps: int, new_steps: int, step: int, sk
     old = float(optim.make_schedule(optim_config, old_steps)(count))
     return (f"train.steps {old_steps} → {new_steps}: the {optim_config.schedule} learning-rate schedule is laid over "
             f"{new_steps} steps now; step {step + 1} runs at {new:.3g} (with train.steps={old_steps}: {old:.3g})")
-
-
-def _host_window(pending: list) -> list[dict]:
-    """The not-yet-logged per-step metrics as JSON-able floats (carried in the checkpoint across a preemption)."""
-    return [{k: float(v) for k, v in m.items()} for m in jax.device_get(pending)]
-
-
-def _nonfinite_message(step: int, checkpointer: Checkpointer) -> str:
-    checkpointer.wait()                           # an async save in flight: only a complete checkpoint is named
-    last = checkpointer.last_complete
-    where = (f"the last complete checkpoint is step {last} in {checkpointer.directory}" if last is not None
-             else "no checkpoint has been saved yet")
-    return (f"non-finite loss, gradient norm or update at step {step}; the update was not applied and the run stops "
-            f"(train.nonfinite='raise'); {where}")

@@ -1,4 +1,6 @@
-"""Metrics: ``WORKDIR/metrics.jsonl`` (one JSON object per logged step), TensorBoard event files, console lines.
+"""Metrics: ``WORKDIR/metrics.jsonl`` (one JSON object per logged step), TensorBoard event files, console lines
+(``MetricsWriter``), and the train loop's logs, one logging window at a time: ``MetricsLog`` writes them,
+``RunRecord`` (the loop's record mode) keeps a study run's loss curve and evaluations instead.
 
 Records and events are buffered in memory and written by a background thread (and on demand: before every
 checkpoint, so a resumed run finds every record up to its step, and when the run ends, a stop on SIGTERM included),
@@ -15,6 +17,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -60,9 +63,12 @@ class _EpathEventFiles:
 class MetricsWriter:
     """Writes from process 0 only; every call is a no-op elsewhere."""
 
-    def __init__(self, workdir, total_steps: int):
+    def __init__(self, workdir, total_steps: int, shown: Sequence[str] | None = None):
+        """``shown``: the quantities of the console line, in order (the loop's: ``console_keys``); None: every one
+        given to ``progress``, in the order first given."""
         self.enabled = jax.process_index() == 0
         self.total_steps = total_steps
+        self.shown = shown
         self.start_time = time.time()
         self.start_step = None
         self.live = _is_live(sys.stderr)
@@ -150,9 +156,9 @@ class MetricsWriter:
                 self._pending, self._pending_events = lines + self._pending, events + self._pending_events
 
     def progress(self, step: int, scalars: dict[str, float]) -> None:
-        """One console line: step, loss, lr, throughput, input wait (ms per step the loop waited for the input
-        pipeline since the last line: near 0 while the pipeline keeps up), the evaluation's accuracy and loss (MAE:
-        loss only), ETA.
+        """One console line: step, the ``shown`` quantities (the loop's: loss, lr, gradient norm, throughput, input
+        wait in ms per step the loop waited for the input pipeline since the last line, near 0 while the pipeline
+        keeps up; the evaluation's metrics), ETA.
 
         Watched live (a terminal or a Jupyter cell: ``_is_live``) it is one line updated in place, showing the newest
         train and evaluation values together; written to a file or pipe (logs, tests) every call adds a line.
@@ -171,8 +177,7 @@ class MetricsWriter:
         filled = int(width * step / max(self.total_steps, 1))
         bar = "#" * filled + "." * (width - filled)
         parts = [f"[{bar}] {step}/{self.total_steps}"]
-        for key in ("train_loss", "learning_rate", "grad_norm", "img_per_s", "input_wait_ms", "test_accuracy",
-                    "test_loss", "val_accuracy", "val_loss"):
+        for key in self.shown if self.shown is not None else list(scalars):
             if key in scalars:
                 parts.append(f"{key} {scalars[key]:.4g}")
         parts.append(f"ETA {_fmt_seconds(eta)}")
@@ -220,3 +225,123 @@ def _fmt_seconds(seconds: float) -> str:
         return "?"
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+# -- the loop's logs: one logging window at a time -------------------------------------------------------------------
+
+def due(step: int, every: int, end: int) -> bool:
+    """Whether something done every ``every`` steps (0: only at the end) and at step ``end`` is due at ``step``."""
+    return bool(every) and step % every == 0 or step == end
+
+
+def console_keys(task) -> tuple[str, ...]:
+    """The console line's quantities, in order: the train loss, the loop's rates, the task's evaluation metrics
+    (every train metric is in metrics.jsonl)."""
+    return ("train_loss", "learning_rate", "grad_norm", "img_per_s", "input_wait_ms", *task.eval_keys)
+
+
+class _Window:
+    """The per-step metrics of the current logging window (every ``train.log_every`` steps and at the end),
+    fetched from the devices once per window."""
+
+    def __init__(self, every: int, end: int, window: list | None = None):
+        self.every, self.end = every, end
+        self.pending = list(window or [])            # per-step metrics not yet logged
+
+    def append(self, step: int, metrics: dict) -> None:
+        self.pending.append(metrics)
+
+    def due(self, step: int) -> bool:
+        return due(step, self.every, self.end)
+
+    def fetch(self) -> list[dict]:
+        fetched, self.pending = jax.device_get(self.pending), []
+        return fetched
+
+
+class MetricsLog(_Window):
+    """``WORKDIR/metrics.jsonl``, TensorBoard and the console line (``metrics.MetricsWriter``): per window the mean
+    of each train metric (``train_*``, ``grad_norm``), the learning rate applied, throughput, the non-finite steps
+    and bad records so far (``batches``: the loop's ``feed.Batches``), and the input wait (console only: a timing,
+    not a record); at each evaluation its metrics and diagnostics. ``window``: the metrics of the window's first
+    steps, restored with a checkpoint."""
+
+    def __init__(self, writer: MetricsWriter, batches, tc, *, end: int, start_step: int, window: list):
+        super().__init__(tc.log_every, end, window)
+        self.writer, self.batches, self.batch_size = writer, batches, tc.batch_size
+        self.last_time, self.last_step = time.time(), start_step
+
+    def write(self, step: int, fetched: list[dict], state: dict) -> None:
+        now = time.time()
+        scalars = {k: _window_mean([m[k] for m in fetched]) for k in fetched[0]
+                   if k.startswith("train_") or k == "grad_norm"}
+        scalars["learning_rate"] = float(fetched[-1]["learning_rate"])
+        scalars["img_per_s"] = (step - self.last_step) * self.batch_size / max(now - self.last_time, 1e-9)
+        scalars["nonfinite_steps"] = float(jax.device_get(state["nonfinite_steps"]))
+        scalars["bad_records"] = float(self.batches.bad_records)
+        wait_ms = 1e3 * self.batches.take_wait() / max(step - self.last_step, 1)
+        self.last_time, self.last_step = now, step
+        self.writer.write(step, scalars)
+        self.writer.progress(step, {**scalars, "input_wait_ms": wait_ms})
+        self.batches.check_replicas(step)
+
+    def evaluated(self, step: int, results: dict, diagnostics: dict) -> None:
+        self.writer.write(step, {**results, **diagnostics})
+        self.writer.progress(step, results)
+
+
+class RunRecord(_Window):
+    """Record mode's log: the train-loss curve (per window, the mean loss of its finite steps), the evaluations (the
+    task's metrics and the diagnostics) and the time spent: setup, the first step (with its compilation), each
+    later step, the evaluations."""
+
+    def __init__(self, task, every: int, *, end: int, started: float):
+        super().__init__(every, end)
+        self.task, self.started = task, started
+        self.curve: list[tuple[int, float]] = []
+        self.evaluations: list[dict] = []
+        self.setup = self.first_step = None
+
+    def setup_done(self) -> None:
+        self.setup = time.time() - self.started
+
+    def append(self, step: int, metrics: dict) -> None:
+        super().append(step, metrics)
+        if step == 1:
+            jax.block_until_ready(metrics)
+            self.first_step = time.time() - self.started - self.setup
+
+    def write(self, step: int, fetched: list[dict], state: dict) -> None:
+        finite = [m["train_loss"] for m in fetched if m["finite"]]
+        self.curve.append((step, _window_mean(finite) if finite else float("nan")))
+
+    def evaluated(self, step: int, results: dict, diagnostics: dict) -> None:
+        metrics = {k: results[k] for k in self.task.eval_keys if k in results}
+        self.evaluations.append({"step": step, **metrics, **diagnostics})
+
+    def results(self, step: int, diverged_at: int | None, info, eval_seconds: float) -> dict:
+        seconds = time.time() - self.started
+        per_step = (seconds - self.setup - self.first_step - eval_seconds) / max(step - 1, 1)
+        best = self.task.best_metric
+        values = [e[best] for e in self.evaluations if best in e]
+        return {
+            "train_split": info.train_split, "eval_split": info.eval_split,
+            f"final_{best}": values[-1], f"best_{best}": (max if self.task.best_mode == "max" else min)(values),
+            "final_train_loss": float("nan") if diverged_at is not None else self.curve[-1][1],
+            "diverged": diverged_at is not None, "diverged_at_step": diverged_at, "steps": step,
+            "seconds": seconds, "timing": {"setup": self.setup, "first_step": self.first_step,
+                                           "per_step": per_step, "evaluations": eval_seconds},
+            "train_loss_curve": self.curve, "evaluations": self.evaluations,
+        }
+
+
+def _window_mean(values: list) -> float:
+    """The mean of a logging window's per-step values, accumulated in float64: the same number whether every value
+    came from the devices (float32) or the window's first steps came from a checkpoint after a stop (Python floats,
+    ``host_window``), so a resumed run logs exactly what an uninterrupted one does."""
+    return float(np.mean(np.asarray(values, dtype=np.float64)))
+
+
+def host_window(pending: list) -> list[dict]:
+    """The not-yet-logged per-step metrics as JSON-able floats (carried in the checkpoint across a preemption)."""
+    return [{k: float(v) for k, v in m.items()} for m in jax.device_get(pending)]

@@ -116,8 +116,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
 
 
 def make_eval_step(graphdef, task=None) -> Callable:
-    """``eval_step(params, batch) -> sums`` over a padded batch with ``mask`` (padding is not counted); the sums
-    are the task's (``train.tasks``; default classification: ``loss_sum``, ``correct``, ``count``)."""
+    """``eval_step(params, batch) -> sums`` over a padded batch with ``mask`` (padding is not counted): the sum of
+    each of the task's evaluation metrics and ``count`` (``train.tasks``; default classification)."""
     task = task if task is not None else ClassificationTask()
 
     def eval_step(params, batch: dict) -> dict[str, Any]:

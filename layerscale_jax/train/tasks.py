@@ -2,12 +2,20 @@
 
 The train loop and the pure steps are the same for both; a task supplies
 
-    loss(model, images, targets, key) → (scalar loss, {name: scalar})      the training objective of one batch
-    eval_sums(model, batch)           → {name: sum over the real examples} one padded eval batch (``mask``)
-    summarize(sums)                   → the evaluation's metrics (``test_loss``, and ``test_accuracy`` for
-                                        classification; ``val_*`` when the evaluated split is not 'test')
-    best_metric, best_mode            which evaluation metric picks the best checkpoint, and whether higher is better
-    after_evaluation(...)             anything written at each evaluation (MAE: a PNG of reconstructions)
+    loss(model, images, targets, key) → (scalar loss, {name: scalar})
+        the training objective of one batch and its statistics, logged as ``train_loss`` and ``train_<name>``
+    eval_metrics = (name, ...)
+        what an evaluation measures, logged as ``<prefix>_<name>``: the mean over the evaluated split of
+    eval_values(model, batch) → {name: one value per example}
+    best_metric, best_mode
+        which evaluation metric picks the best checkpoint, and whether higher is better
+    after_evaluation(...)
+        anything written at each evaluation (MAE: a PNG of reconstructions)
+
+so a train or evaluation metric is added in its task only: the step's metrics, the evaluation's masked sums and
+means (``eval_sums``, ``summarize``), metrics.jsonl, TensorBoard, the console line (the train loss and every
+evaluation metric) and a study's record follow from it. ``prefix`` is ``test`` when the evaluated split is the test
+split, ``val`` otherwise (``metric_prefix``).
 
 Classification: ``L = mean_n −Σ_k t_nk log softmax(f(x_n))_k`` with Mixup/CutMix / label-smoothed targets ``t``.
 MAE: ``L`` = the mean over the batch of each image's masked-patch reconstruction loss, masks drawn from the step's
@@ -37,13 +45,44 @@ def metric_prefix(eval_split: str) -> str:
     return "test" if eval_split == "test" else "val"
 
 
-class ClassificationTask:
-    name = "classification"
-    uses_labels = True               # Mixup/CutMix and label smoothing make the targets
-    best_mode = "max"
+class _Task:
+    """What every task shares: an evaluation's per-example values summed over the real examples of a padded batch
+    (``mask``), and those sums turned into means over the evaluated split."""
+    eval_metrics: tuple[str, ...]
 
     def __init__(self, eval_split: str = "test"):
         self.prefix = metric_prefix(eval_split)
+
+    @property
+    def eval_keys(self) -> tuple[str, ...]:
+        """The evaluation's metrics as logged: ``<prefix>_<name>``."""
+        return tuple(f"{self.prefix}_{name}" for name in self.eval_metrics)
+
+    def eval_sums(self, model, batch: dict) -> dict[str, Any]:
+        """``{name: Σ over the batch's real examples}`` of each evaluation metric, and ``count``, their number."""
+        values = self.eval_values(model, batch)
+        if set(values) != set(self.eval_metrics):
+            raise ValueError(f"{type(self).__name__}.eval_values gives {sorted(values)}, but its eval_metrics are "
+                             f"{sorted(self.eval_metrics)}")
+        mask = batch["mask"].astype(jnp.float32)
+        return {**{name: jnp.sum(values[name] * mask) for name in self.eval_metrics}, "count": jnp.sum(mask)}
+
+    def summarize(self, sums: dict[str, float]) -> dict[str, float]:
+        """The means over the evaluated split (``eval_keys``) and ``<prefix>_examples``, from the summed
+        ``eval_sums`` of its batches."""
+        count = max(sums["count"], 1.0)
+        return {**{key: sums[name] / count for key, name in zip(self.eval_keys, self.eval_metrics)},
+                f"{self.prefix}_examples": sums["count"]}
+
+
+class ClassificationTask(_Task):
+    name = "classification"
+    uses_labels = True               # Mixup/CutMix and label smoothing make the targets
+    best_mode = "max"
+    eval_metrics = ("accuracy", "loss")
+
+    def __init__(self, eval_split: str = "test"):
+        super().__init__(eval_split)
         self.best_metric = f"{self.prefix}_accuracy"
 
     def loss(self, model, images, targets, key):
@@ -51,44 +90,33 @@ class ClassificationTask:
         loss = optax.softmax_cross_entropy(logits.astype(jnp.float32), targets).mean()
         return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == jnp.argmax(targets, -1))}
 
-    def eval_sums(self, model, batch: dict) -> dict[str, Any]:
+    def eval_values(self, model, batch: dict) -> dict[str, Any]:
+        """Per example: whether the top class is the label, and the cross-entropy with the label."""
         logits = model(batch["image"])
         labels = batch["label"]
-        mask = batch["mask"].astype(jnp.float32)
         loss = optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1]))
-        correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-        return {"loss_sum": jnp.sum(loss * mask), "correct": jnp.sum(correct * mask), "count": jnp.sum(mask)}
-
-    def summarize(self, sums: dict[str, float]) -> dict[str, float]:
-        count = max(sums["count"], 1.0)
-        p = self.prefix
-        return {f"{p}_accuracy": sums["correct"] / count, f"{p}_loss": sums["loss_sum"] / count,
-                f"{p}_examples": sums["count"]}
+        return {"accuracy": (jnp.argmax(logits, -1) == labels).astype(jnp.float32), "loss": loss}
 
     def after_evaluation(self, trainer, params, step: int, workdir) -> None:
         return None
 
 
-class MAETask:
+class MAETask(_Task):
     name = "mae"
     uses_labels = False
     best_mode = "min"
+    eval_metrics = ("loss",)
 
     def __init__(self, eval_split: str = "test"):
-        self.prefix = metric_prefix(eval_split)
+        super().__init__(eval_split)
         self.best_metric = f"{self.prefix}_loss"
 
     def loss(self, model, images, targets, key):
         return model.loss(images, key).mean(), {}
 
-    def eval_sums(self, model, batch: dict) -> dict[str, Any]:
-        mask = batch["mask"].astype(jnp.float32)
-        loss = model.loss(batch["image"], jax.random.key(EVAL_MASK_SEED))
-        return {"loss_sum": jnp.sum(loss * mask), "count": jnp.sum(mask)}
-
-    def summarize(self, sums: dict[str, float]) -> dict[str, float]:
-        count = max(sums["count"], 1.0)
-        return {f"{self.prefix}_loss": sums["loss_sum"] / count, f"{self.prefix}_examples": sums["count"]}
+    def eval_values(self, model, batch: dict) -> dict[str, Any]:
+        """Per example: the masked-patch reconstruction loss, masks drawn from ``EVAL_MASK_SEED``."""
+        return {"loss": model.loss(batch["image"], jax.random.key(EVAL_MASK_SEED))}
 
     def after_evaluation(self, trainer, params, step: int, workdir) -> None:
         """``WORKDIR/reconstructions.png`` (and ``reconstructions/step_<step>.png``): rows original, masked input,

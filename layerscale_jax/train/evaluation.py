@@ -1,0 +1,80 @@
+"""Evaluation: the task's metrics over the evaluated split (``evaluate``), and ``Evaluation``, the train loop's piece
+that evaluates at its steps and measures the per-block diagnostics (``train.diagnostics``) with each.
+
+Each metric is the mean over the split's examples of the task's per-example value (``train.tasks``), from sums
+accumulated batch by batch: padding is masked out, so every example counts exactly once, whatever the process
+layout.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+
+from layerscale_jax import data as data_lib
+from layerscale_jax.data.sharding import process_batch_rows
+from layerscale_jax.train import tasks as tasks_lib
+from layerscale_jax.train.diagnostics import to_floats
+from layerscale_jax.train.metrics import due
+
+
+def evaluate(eval_step_fn, params, config, mesh, task=None) -> dict[str, float]:
+    """The task's metrics (``task.eval_keys``, and ``<prefix>_examples``) over the whole evaluated split: test loss
+    and accuracy for classification (``val_*`` when the split is not 'test'), the masked-patch reconstruction loss
+    for MAE. ``eval_step_fn``: ``step.make_eval_step``'s, jitted."""
+    task = task if task is not None else tasks_lib.ClassificationTask()
+    sums = dict.fromkeys((*task.eval_metrics, "count"), 0.0)
+    size = config.train.eval_batch_size
+    iterator = data_lib.make_eval_iterator(config.data, global_batch_size=size, rows=process_batch_rows(mesh, size))
+    for batch in iterator:
+        out = eval_step_fn(params, data_lib.to_global_batch(batch, mesh, size))
+        for k, v in jax.device_get(out).items():
+            sums[k] += float(v)
+    return task.summarize(sums)
+
+
+class Evaluation:
+    """The evaluations, every ``train.eval_every`` steps and at ``end``: the task's metrics over the evaluated split
+    (``evaluate``; of the EMA parameters where kept), what the task writes at each into a workdir (MAE: its
+    reconstructions; none without a workdir), and the per-block diagnostics (classification) of the parameters on a
+    fixed batch, the first train batch of the seed (before Mixup/CutMix; the same one after a resume)."""
+
+    def __init__(self, trainer, *, end: int, workdir=None):
+        self.trainer, self.end, self.workdir = trainer, end, workdir
+        self.every = trainer.config.train.eval_every
+        self.batch = diagnostics_batch(trainer.config, trainer.mesh) if trainer.diagnostics is not None else None
+        self.results: dict[str, float] = {}      # the newest evaluation's metrics
+        self.seconds = 0.0                       # spent evaluating
+
+    def due(self, step: int) -> bool:
+        return due(step, self.every, self.end)
+
+    def metrics(self, state: dict) -> dict[str, float]:
+        trainer = self.trainer
+        return evaluate(trainer.eval_step, _eval_params(state), trainer.config, trainer.mesh, trainer.task)
+
+    def diagnostics(self, state: dict) -> dict[str, float]:
+        return to_floats(self.trainer.diagnostics(state["params"], self.batch)) if self.batch is not None else {}
+
+    def __call__(self, step: int, state: dict) -> tuple[dict, dict]:
+        """The evaluation at ``step``: ``(metrics, diagnostics)``."""
+        started = time.time()
+        self.results = self.metrics(state)
+        if self.workdir is not None:
+            self.trainer.task.after_evaluation(self.trainer, _eval_params(state), step, self.workdir)
+        diagnostics = self.diagnostics(state)
+        self.seconds += time.time() - started
+        return self.results, diagnostics
+
+
+def _eval_params(state: dict):
+    return state["ema"] if "ema" in state else state["params"]
+
+
+def diagnostics_batch(config, mesh) -> dict:
+    """The batch the per-block diagnostics are measured on at every evaluation: the first train batch of the seed,
+    before augmentation by Mixup/CutMix, the same one after a resume."""
+    tc = config.train
+    with data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed,
+                                      rows=process_batch_rows(mesh, tc.batch_size)) as iterator:
+        return data_lib.to_global_batch(next(iterator), mesh, tc.batch_size)
