@@ -32,7 +32,8 @@ accuracy, fewer divergences) and none in the other, *against* in the opposite ca
 resolved* with neither. A claim is **reproduced** (some comparison as claimed, none against), **not reproduced:
 contradicted** (some against, none as claimed), **not reproduced: mixed** (both), **not reproduced: no difference
 resolved** (nothing significant; the intervals bound the difference the data allow), or **not tested** (no
-comparison could be tested: its cells have no runs). Whether a reproduced or failed claim is comparable with CaiT's
+comparison could be tested: its cells have no runs); while some of a claim's comparisons still lack runs it has no
+verdict (**interim**: its Holm family is incomplete, the tested rows are shown as they stand). Whether a reproduced or failed claim is comparable with CaiT's
 ImageNet setting at all is the write-up's judgement (experiments/README.md), not a rule here.
 """
 from __future__ import annotations
@@ -216,6 +217,8 @@ def evaluate(records: list[dict], claim: Claim, value, alpha: float = ALPHA) -> 
     outcomes = {c.outcome for c in comparisons}
     if not any(c.tests() for c in comparisons):
         verdict = "not tested"
+    elif missing:                # Holm's family is not complete yet: no verdict on part of a claim
+        verdict = f"interim: {len(comparisons)} of {len(claim.comparisons)} comparisons have runs"
     elif "mixed" in outcomes or {"as claimed", "against"} <= outcomes:
         verdict = "not reproduced: mixed"
     elif "as claimed" in outcomes:
