@@ -32,11 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.common import torch_conv_uniform
 from layerscale_jax.layers.lora import ADAPTER_NAMES, LoRALinear, adapted_layers, is_adapter_path, linear_layers
 from layerscale_jax.layers.params import logical_axes, param
 from layerscale_jax.optim.param_rules import trainable_mask
-from layerscale_jax.errors import ConfigError
 
 if TYPE_CHECKING:
     import ml_collections
@@ -66,7 +66,7 @@ def default_config() -> ml_collections.ConfigDict:
     train_norms       also train every LayerNorm (scale and bias).
     train_layerscale  also train LayerScale's λ (and scalar gates).
     """
-    import ml_collections          # imported here: the model code runs without it (e.g. on a bare GPU machine)
+    import ml_collections  # imported here: the model code runs without it (e.g. on a bare GPU machine)
     return ml_collections.ConfigDict(dict(rank=8, alpha=16.0, dropout=0.0, targets=DEFAULT_TARGETS,
                                           train_head=True, train_norms=False, train_layerscale=False))
 

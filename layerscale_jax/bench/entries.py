@@ -21,8 +21,17 @@ import numpy as np
 
 from layerscale_jax.bench import op_profile, timing, trainer
 from layerscale_jax.bench.report import report, show, summarize
-from layerscale_jax.bench.step import (CompiledStep, StepSpec, init_state, make_optimizer, make_step_fn,
-                                       measure_train_step, prepare, synthetic_batch, xla_cost)
+from layerscale_jax.bench.step import (
+    CompiledStep,
+    StepSpec,
+    init_state,
+    make_optimizer,
+    make_step_fn,
+    measure_train_step,
+    prepare,
+    synthetic_batch,
+    xla_cost,
+)
 from layerscale_jax.bench.timing import REPO, compiled_memory, run_fresh
 from layerscale_jax.errors import ConfigError
 

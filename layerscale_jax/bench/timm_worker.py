@@ -56,7 +56,7 @@ def timm_kwargs(spec) -> tuple[dict | None, str | None]:
 def check_python(path: str | None) -> None:
     """``--timm-python`` must name an executable file (checked before anything is compiled)."""
     if path is not None and not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        from layerscale_jax.errors import ConfigError   # here: the worker script runs without the package
+        from layerscale_jax.errors import ConfigError  # here: the worker script runs without the package
         raise ConfigError(f"--timm-python {path!r}: no executable file there (give the Python that has torch and "
                           "timm)")
 

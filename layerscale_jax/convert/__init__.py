@@ -11,8 +11,14 @@ Command line: ``python -m layerscale_jax.convert --help``.
 """
 from layerscale_jax.convert.files import read_state_dict, write_state_dict
 from layerscale_jax.convert.matching import resize_pos_embed
-from layerscale_jax.convert.pretrained import (from_timm, load_model, load_pretrained, load_workdir, save_pretrained,
-                                               to_timm)
+from layerscale_jax.convert.pretrained import (
+                                               from_timm,
+                                               load_model,
+                                               load_pretrained,
+                                               load_workdir,
+                                               save_pretrained,
+                                               to_timm,
+)
 from layerscale_jax.convert.sources import read_model_json, saved_config
 from layerscale_jax.convert.workdir import is_training_workdir, workdir_config
 

@@ -26,12 +26,11 @@ import tempfile
 from pathlib import Path
 
 from layerscale_jax.cli import run_cli
-from layerscale_jax.errors import UserError
 from layerscale_jax.convert.files import write_state_dict
 from layerscale_jax.convert.pretrained import from_timm, load_model, load_workdir, save_pretrained, to_timm
 from layerscale_jax.convert.sources import MODEL_JSON, PARAMS_DIR, read_model_json
 from layerscale_jax.convert.workdir import is_training_workdir
-
+from layerscale_jax.errors import UserError
 
 log = logging.getLogger("layerscale_jax.convert")
 

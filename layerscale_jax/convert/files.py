@@ -9,8 +9,8 @@ from typing import Mapping
 
 import numpy as np
 
-from layerscale_jax.errors import InputFileError, UserError
 from layerscale_jax.convert.naming import to_numpy, unwrap_state_dict
+from layerscale_jax.errors import InputFileError, UserError
 
 
 class MissingDependencyError(UserError, ImportError):

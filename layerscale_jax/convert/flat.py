@@ -11,7 +11,6 @@ from layerscale_jax.layers.lora import is_adapter_path
 from layerscale_jax.layers.params import map_variables, role
 from layerscale_jax.models.layout import STACKED_KEY
 
-
 STACKED = STACKED_KEY       # "blocks": the only subtree whose layout depends on scan_layers
 
 

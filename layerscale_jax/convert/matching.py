@@ -13,8 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from layerscale_jax.convert.flat import (STACKED, expected_params, flatten, natural_key, param_roles, stack_blocks,
-                                         unflatten)
+from layerscale_jax.convert.flat import (
+    STACKED,
+    expected_params,
+    flatten,
+    natural_key,
+    param_roles,
+    stack_blocks,
+    unflatten,
+)
 from layerscale_jax.convert.naming import family, is_fused_qkv, ours_to_timm_name, qkv_heads_major, timm_shape
 from layerscale_jax.convert.sources import Source
 from layerscale_jax.errors import InputFileError

@@ -34,10 +34,23 @@ from layerscale_jax.convert.files import flatten_tensors, is_timm_file, read_sta
 from layerscale_jax.convert.flat import expected_params, natural_key, param_roles, param_tree, unrolled_params
 from layerscale_jax.convert.matching import assign_params, plan_load
 from layerscale_jax.convert.naming import family, is_fused_qkv, ours_to_timm, ours_to_timm_name, qkv_timm_order
-from layerscale_jax.convert.sources import (FORMAT, MODEL_JSON, PARAMS_DIR, Source, orbax_source, saved_config,
-                                            timm_source)
-from layerscale_jax.convert.workdir import (CHECKPOINTS_DIR, checkpoint_config, is_training_workdir, workdir_checkpoint,
-                                            workdir_model_config, workdir_source)
+from layerscale_jax.convert.sources import (
+    FORMAT,
+    MODEL_JSON,
+    PARAMS_DIR,
+    Source,
+    orbax_source,
+    saved_config,
+    timm_source,
+)
+from layerscale_jax.convert.workdir import (
+    CHECKPOINTS_DIR,
+    checkpoint_config,
+    is_training_workdir,
+    workdir_checkpoint,
+    workdir_model_config,
+    workdir_source,
+)
 from layerscale_jax.errors import ConfigError, InputFileError, UserError
 from layerscale_jax.models.registry import create_from_config, create_model, list_models, model_config
 from layerscale_jax.orbax_failures import log_orbax_errors_on_one_line, release_waiting_save_threads

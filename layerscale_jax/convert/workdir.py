@@ -12,9 +12,9 @@ import numpy as np
 from layerscale_jax.checksums import corruption
 from layerscale_jax.convert.flat import flatten, unstack_blocks
 from layerscale_jax.convert.sources import MODEL_JSON, Source, encoder_of, host_device
+from layerscale_jax.errors import ConfigError, InputFileError
 from layerscale_jax.models.mae import MAEConfig
 from layerscale_jax.models.registry import model_config
-from layerscale_jax.errors import ConfigError, InputFileError
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ Fields of `config.data` are documented in `layerscale_jax.data.config`; preparin
 """
 
 from layerscale_jax.data.config import default_data_config, validate_data_config
-from layerscale_jax.data.mixup import mixup_cutmix
 from layerscale_jax.data.dataset_info import DatasetInfo, get_dataset_info
+from layerscale_jax.data.mixup import mixup_cutmix
 from layerscale_jax.data.pipeline import EvalIterator, TrainIterator, make_eval_iterator, make_train_iterator
 from layerscale_jax.data.sharding import to_global_batch
 from layerscale_jax.data.sources import BadRecordError, DatasetNotPreparedError

@@ -19,8 +19,8 @@ import sys
 import numpy as np
 
 from layerscale_jax.data.config import DIGITS, SYNTHETIC
-from layerscale_jax.paths import as_path, is_url
 from layerscale_jax.errors import ConfigError, InputFileError
+from layerscale_jax.paths import as_path, is_url
 
 PREPARE_MODULE = "layerscale_jax.data.prepare"
 

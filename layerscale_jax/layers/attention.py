@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.common import dense, linear
 from layerscale_jax.layers.partitioning import constrain, target_platform
-from layerscale_jax.errors import ConfigError
 
 # How ``Attention`` computes softmax(q kᵀ / √d_h) v (the same function every way; only the speed differs), the
 # model field ``attention_impl``:

@@ -28,13 +28,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.attention import Attention, ClassAttention, TalkingHeadsAttention
 from layerscale_jax.layers.common import Mlp, layer_norm
 from layerscale_jax.layers.drop_path import DropPath
 from layerscale_jax.layers.lora import dropout_rng
 from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import keeps_layernorm, make_branch_scale, shares_scale_across_branches
-from layerscale_jax.errors import ConfigError
 
 
 def _stream(x: jnp.ndarray) -> jnp.ndarray:

@@ -26,7 +26,6 @@ from layerscale_jax.layers.params import metadata
 from layerscale_jax.layers.partitioning import constrain
 
 
-
 def timm_trunc_normal(std: float, a: float = -2.0, b: float = 2.0):
     """timm's ``trunc_normal_(tensor, std=std, a=a, b=b)``: N(0, std²) truncated at the *absolute* bounds ``[a, b]``.
 

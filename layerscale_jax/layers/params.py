@@ -18,15 +18,15 @@ Every ``nnx.Param`` of the models is created with two metadata fields, set where
                   ==============  ==========================================================  ============
 
                   ASAM's normalisation ``T_w = |w| + η`` applies to ``weight`` and ``norm`` (the tensors PyTorch
-                  calls ``weight``); the diagnostics read ``layerscale`` and ``gate``.
+                  calls ``weight``).
 
 ``logical_axes``  one logical axis name (or ``None``) per dimension, MaxText-style: ``embed`` (the model width),
                   ``heads`` (attention heads × head dim), ``mlp`` (the MLP's hidden units), ``classes``, and
                   ``layers``, the leading axis of a scanned stack (``models.stack``). ``train.sharding`` maps the
                   names to mesh axes with the config's sharding rules.
 
-The weight-decay mask, the sharding, the optimizer-state sharding, the diagnostics and the timm export read these
-fields, never a parameter's name: a parameter renamed or a layer added keeps its treatment, and a parameter made
+The weight-decay mask, ASAM, the sharding, the optimizer-state sharding and the timm export read these fields (the
+diagnostics ask each block for its ``branch_scales()``), never a parameter's name: a parameter renamed or a layer added keeps its treatment, and a parameter made
 without a role is an error where the mask is built.
 """
 from __future__ import annotations
@@ -38,7 +38,6 @@ from flax import nnx
 
 ROLES = ("weight", "adapter", "bias", "norm", "layerscale", "gate", "token", "position")
 DECAYED_ROLES = ("weight", "adapter")
-BRANCH_SCALE_ROLES = ("layerscale", "gate")
 LAYER_AXIS = "layers"
 
 

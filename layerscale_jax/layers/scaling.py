@@ -42,8 +42,8 @@ from typing import Union
 import jax.numpy as jnp
 from flax import nnx
 
-from layerscale_jax.layers.params import param
 from layerscale_jax.errors import ConfigError
+from layerscale_jax.layers.params import param
 
 BRANCH_SCALINGS = ("none", "layerscale", "scalar", "scalar_zero", "rezero", "skipinit")
 ZERO_INIT_SCALINGS = ("scalar_zero", "rezero", "skipinit")          # α = 0 by definition

@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from layerscale_jax.layers.drop_path import DROP_PATH_RULES
-from layerscale_jax.layers.scaling import validate_branch_scaling
-from layerscale_jax.layers.partitioning import constrain
-from layerscale_jax.models.stack import validate_remat
 from layerscale_jax.errors import ConfigError
+from layerscale_jax.layers.drop_path import DROP_PATH_RULES
+from layerscale_jax.layers.partitioning import constrain
+from layerscale_jax.layers.scaling import validate_branch_scaling
+from layerscale_jax.models.stack import validate_remat
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.blocks import Block, ClassAttentionBlock
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_normal_02
 from layerscale_jax.layers.drop_path import drop_path_rates
@@ -23,7 +24,6 @@ from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import resolve_init_value
 from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
 from layerscale_jax.models.stack import create_stack, run_stack
-from layerscale_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.attention import validate_attention_impl
 from layerscale_jax.layers.blocks import Block
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm
@@ -37,7 +38,6 @@ from layerscale_jax.layers.params import param
 from layerscale_jax.layers.scaling import resolve_init_value
 from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
 from layerscale_jax.models.stack import create_stack, run_stack
-from layerscale_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,10 +7,10 @@ from typing import Any, Callable
 
 from flax import nnx
 
+from layerscale_jax.errors import ConfigError
 from layerscale_jax.models.cait import CaiT, CaiTConfig
 from layerscale_jax.models.mae import MAEConfig, MaskedAutoencoder
 from layerscale_jax.models.vit import VisionTransformer, ViTConfig
-from layerscale_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

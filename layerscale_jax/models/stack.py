@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from layerscale_jax.layers.params import add_layer_axis
 from layerscale_jax.errors import ConfigError
+from layerscale_jax.layers.params import add_layer_axis
 
 # Named rematerialisation policies (what the backward pass may keep instead of recomputing).
 REMAT_POLICIES: dict[str, Callable | None] = {

@@ -53,7 +53,7 @@ CONVENTIONS = ("mae", "timm")
 
 def default_config() -> ml_collections.ConfigDict:
     """The optimizer defaults (AdamW, cosine, wd 0.05, clip 1.0, everything optional off); see the module doc."""
-    import ml_collections          # imported here: the optimizer code runs without it (e.g. on a bare GPU machine)
+    import ml_collections  # imported here: the optimizer code runs without it (e.g. on a bare GPU machine)
     return ml_collections.ConfigDict(dict(
         name="adamw",
         learning_rate=1e-3,

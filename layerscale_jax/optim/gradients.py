@@ -14,10 +14,10 @@ import numpy as np
 import optax
 from flax import nnx
 
+from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.params import is_variable, role
 from layerscale_jax.models import groups
 from layerscale_jax.optim.transforms import along_layers, lookup
-from layerscale_jax.errors import ConfigError
 
 LossAndGradFn = Callable[..., tuple[tuple[jax.Array, Any], Any]]
 

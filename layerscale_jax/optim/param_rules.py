@@ -16,9 +16,10 @@ from typing import Sequence
 import numpy as np
 from flax import nnx
 
+from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.params import DECAYED_ROLES, map_variables, role
 from layerscale_jax.models import groups
-from layerscale_jax.errors import ConfigError
+
 
 def _check_decay(decay: float, min_scale: float) -> None:
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay <= 1.0:

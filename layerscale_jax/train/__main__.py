@@ -44,8 +44,8 @@ from ml_collections import config_flags  # noqa: E402
 from layerscale_jax.cli import run_cli  # noqa: E402
 from layerscale_jax.errors import UserError, did_you_mean  # noqa: E402
 from layerscale_jax.paths import as_path  # noqa: E402
-from layerscale_jax.train.launch import accelerator_line, missing_accelerator_package, resolve_launch  # noqa: E402
 from layerscale_jax.train.config import load_config, validate_experiment_config  # noqa: E402
+from layerscale_jax.train.launch import accelerator_line, missing_accelerator_package, resolve_launch  # noqa: E402
 
 CONFIG_FLAG = "config"
 EXIT_INTERRUPTED = 130                        # 128 + SIGINT, as a shell reports a Ctrl-C

@@ -21,8 +21,8 @@ import ml_collections
 from flax import nnx
 
 from layerscale_jax import lora as lora_lib
-from layerscale_jax.optim.config import freeze_patterns
 from layerscale_jax.errors import ConfigError
+from layerscale_jax.optim.config import freeze_patterns
 
 FINETUNE_MODES = ("full", "lora", "linear_probe")
 LORA_INIT_STREAM = 2          # adapters are initialised from fold_in(key(train.seed), LORA_INIT_STREAM)

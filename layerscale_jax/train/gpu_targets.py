@@ -93,7 +93,7 @@ def _find_spec(module: str):
 def cudnn_version() -> int | None:
     """The version of the cuDNN library JAX's CUDA plugin loads (e.g. 92800), None without one. cuDNN's fused
     attention is traced against it (``jax.nn.dot_product_attention(implementation="cudnn")``)."""
-    from jax._src.lib import cuda_versions       # what jax's own cuDNN attention asks (no public API)
+    from jax._src.lib import cuda_versions  # what jax's own cuDNN attention asks (no public API)
     try:
         return None if cuda_versions is None else int(cuda_versions.cudnn_get_version())
     except Exception:                             # noqa: BLE001 - libcudnn absent or unloadable

@@ -27,14 +27,14 @@ from flax import nnx
 
 from layerscale_jax import data as data_lib
 from layerscale_jax import optim
+from layerscale_jax.errors import ConfigError
 from layerscale_jax.models import create_model
 from layerscale_jax.paths import as_path, read_json, write_text_atomically
 from layerscale_jax.runtime import stop_signals
-from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import finetune as finetune_lib
+from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import tasks as tasks_lib
 from layerscale_jax.train import workdir as workdir_lib
-from layerscale_jax.train.workdir_lock import WorkdirLock
 from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, to_jsonable
 from layerscale_jax.train.compile_cache import use_compilation_cache
 from layerscale_jax.train.config import model_overrides, validate_experiment_config, validate_train_config
@@ -45,7 +45,7 @@ from layerscale_jax.train.guard import NonFiniteGuard
 from layerscale_jax.train.metrics import MetricsLog, MetricsWriter, RunRecord, console_keys
 from layerscale_jax.train.saving import Checkpoints, Preemption
 from layerscale_jax.train.step import init_train_state, make_eval_step, make_train_step
-from layerscale_jax.errors import ConfigError
+from layerscale_jax.train.workdir_lock import WorkdirLock
 
 
 def _check_model_matches_data(model_cfg, info) -> None:

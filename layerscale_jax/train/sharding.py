@@ -23,12 +23,13 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.experimental import mesh_utils
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from layerscale_jax.data.sharding import BATCH_AXES, batch_sharding  # noqa: F401  (batch_sharding: re-exported)
-from layerscale_jax.layers.partitioning import activation_sharding, logical_to_spec
-from layerscale_jax.layers.params import is_variable, logical_axes, map_variables
 from layerscale_jax.errors import ConfigError
+from layerscale_jax.layers.params import is_variable, logical_axes, map_variables
+from layerscale_jax.layers.partitioning import activation_sharding, logical_to_spec
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Parallelism across slices (TPU multi-slice, over the data-centre network) or, where devices carry no slice, across

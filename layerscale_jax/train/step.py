@@ -33,8 +33,6 @@ from layerscale_jax import optim
 from layerscale_jax.data import mixup_cutmix
 from layerscale_jax.train.tasks import ClassificationTask
 
-
-
 TRAIN_RNG_STREAM = 1
 
 
