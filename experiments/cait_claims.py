@@ -33,9 +33,9 @@ resolved* with neither. A claim is **reproduced** (some comparison as claimed, n
 contradicted** (some against, none as claimed), **not reproduced: mixed** (both), **not reproduced: no difference
 resolved** (nothing significant; the intervals bound the difference the data allow), or **not tested** (no
 comparison could be tested: its cells have no runs); while some of a claim's comparisons still lack runs it has no
-verdict (**interim**: its Holm family is incomplete, the tested rows are shown as they stand). Whether a reproduced or failed claim is comparable with CaiT's
-ImageNet setting at all is the write-up's judgement (experiments/README.md), not a rule here.
-"""
+verdict (**interim**: its Holm family is incomplete, the tested rows are shown as they stand). Whether a reproduced
+or failed claim is comparable with CaiT's ImageNet setting at all is the write-up's judgement
+(experiments/README.md), not a rule here."""
 from __future__ import annotations
 
 import dataclasses

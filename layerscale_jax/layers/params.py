@@ -26,9 +26,8 @@ Every ``nnx.Param`` of the models is created with two metadata fields, set where
                   names to mesh axes with the config's sharding rules.
 
 The weight-decay mask, ASAM, the sharding, the optimizer-state sharding and the timm export read these fields (the
-diagnostics ask each block for its ``branch_scales()``), never a parameter's name: a parameter renamed or a layer added keeps its treatment, and a parameter made
-without a role is an error where the mask is built.
-"""
+diagnostics ask each block for its ``branch_scales()``), never a parameter's name: a parameter renamed or a layer
+added keeps its treatment, and a parameter made without a role is an error where the mask is built."""
 from __future__ import annotations
 
 from typing import Any, Callable
