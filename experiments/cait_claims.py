@@ -32,8 +32,9 @@ accuracy, fewer divergences) and none in the other, *against* in the opposite ca
 resolved* with neither. A claim is **reproduced** (some comparison as claimed, none against), **not reproduced:
 contradicted** (some against, none as claimed), **not reproduced: mixed** (both), **not reproduced: no difference
 resolved** (nothing significant; the intervals bound the difference the data allow), or **not tested** (no
-comparison could be tested: its cells have no runs); while some of a claim's comparisons still lack runs it has no
-verdict (**interim**: its Holm family is incomplete, the tested rows are shown as they stand). Whether a reproduced
+comparison could be tested: its cells have no runs); while some of a claim's comparisons still lack runs (or, given
+the protocol's seeds per cell, some of them) it has no verdict (**interim**: its Holm family is incomplete, the
+tested rows are shown as they stand). Whether a reproduced
 or failed claim is comparable with CaiT's ImageNet setting at all is the write-up's judgement
 (experiments/README.md), not a rule here."""
 from __future__ import annotations
@@ -192,7 +193,8 @@ class ClaimResult:
     verdict: str
 
 
-def evaluate(records: list[dict], claim: Claim, value, alpha: float = ALPHA) -> ClaimResult:
+def evaluate(records: list[dict], claim: Claim, value, alpha: float = ALPHA,
+             runs_per_cell: int | None = None) -> ClaimResult:
     """``claim``'s comparisons on ``records``, Holm-corrected over the claim's tests, and its verdict (docstring)."""
     comparisons, missing = [], []
     for better, worse in claim.comparisons:
@@ -215,10 +217,16 @@ def evaluate(records: list[dict], claim: Claim, value, alpha: float = ALPHA) -> 
         c.outcome = ("not tested" if not c.tests() else "not resolved" if not signs else
                      "mixed" if len(set(signs)) > 1 else "as claimed" if signs[0] > 0 else "against")
     outcomes = {c.outcome for c in comparisons}
+
+    def cell_runs(cell):
+        return sum((r["scheme"], r["warmup"], r["depth"]) == tuple(cell) for r in records)
+
+    complete = [pair for pair in claim.comparisons
+                if min(cell_runs(pair[0]), cell_runs(pair[1])) >= (runs_per_cell or 1)]
     if not any(c.tests() for c in comparisons):
         verdict = "not tested"
-    elif missing:                # Holm's family is not complete yet: no verdict on part of a claim
-        verdict = f"interim: {len(comparisons)} of {len(claim.comparisons)} comparisons have runs"
+    elif len(complete) < len(claim.comparisons):   # Holm's family is not complete yet: no verdict on part of it
+        verdict = f"interim: {len(complete)} of {len(claim.comparisons)} comparisons have all their runs"
     elif "mixed" in outcomes or {"as claimed", "against"} <= outcomes:
         verdict = "not reproduced: mixed"
     elif "as claimed" in outcomes:
@@ -247,11 +255,13 @@ METHOD = (f"Per comparison: Welch's t-test on the final test accuracy of the con
           f"comparison's observed SDs and seeds, at Holm's strictest level α/m (m the claim's tests) and at α.")
 
 
-def write_claims(records: list[dict], path: str, title: str, value, depths: Sequence[int]) -> list[ClaimResult]:
+def write_claims(records: list[dict], path: str, title: str, value, depths: Sequence[int],
+                 runs_per_cell: int | None = None) -> list[ClaimResult]:
     """``claims.md``: per claim its verdict, then its comparisons with every statistic that decided it. The claims
     are those of the planned grid's ``depths``, not of the depths that have finished runs, so an interim report
-    judges the pre-registered comparisons (those without runs: "not tested")."""
-    results = [evaluate(records, claim, value) for claim in cait_claims(depths)]
+    judges the pre-registered comparisons (those without runs: "not tested"); a claim one of whose comparisons has
+    fewer than ``runs_per_cell`` runs (the protocol's seeds) in a cell is interim."""
+    results = [evaluate(records, claim, value, runs_per_cell=runs_per_cell) for claim in cait_claims(depths)]
     parts = [f"{title}\n\n{METHOD}\n\n",
              sweep.markdown_table(["claim", "verdict"], ([f"{r.claim.name}. {r.claim.statement}", f"**{r.verdict}**"]
                                                          for r in results))]

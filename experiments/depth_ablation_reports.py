@@ -12,7 +12,7 @@ import depth_ablation_plots as plots  # the study's figures and its palette
 import sweep
 import validation_protocol as vp
 from depth_ablation_cost import cost_by_machine_kind
-from depth_ablation_protocol import (MAX_EXTENSIONS, RATE_DEPTHS, RATE_LADDER_START, best_learning_rates,
+from depth_ablation_protocol import (FINAL_SEEDS, MAX_EXTENSIONS, RATE_DEPTHS, RATE_LADDER_START, best_learning_rates,
                                      budget_curves, budget_finals, cell_records, choose_budget, final_records,
                                      rates_to_json, validation_images)
 from depth_ablation_runs import (COLUMNS, DEPTHS, PROTOCOL_SIZING, RECIPE, REFERENCE, SCHEMES, RunSpec, column_label,
@@ -254,7 +254,7 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
         write_nll(records, paths[f"{which}/nll"], "Test NLL, " + head, layout(records), depths)
         paths[f"{which}/claims"] = os.path.join(report_dir, "claims.md")
         claims = cait_claims.write_claims(records, paths[f"{which}/claims"], "CaiT's claims, " + head,
-                                          layout(records).value, depths)
+                                          layout(records).value, depths, runs_per_cell=len(FINAL_SEEDS))
         paths[f"{which}/claims_figure"] = os.path.join(report_dir, "claims.png")
         figure_title = f"{title}. {sweep.machines_note(records)}"      # a figure names its CPUs and load, too
         plots.plot_claims(claims, paths[f"{which}/claims_figure"], title=f"CaiT's claims: {figure_title}")

@@ -102,7 +102,7 @@ def test_higher_accuracy_with_more_divergence_is_mixed():
     records = runs("rezero", True, 96, HIGH, 5) + runs("rezero", False, 96, LOW + LOW[::-1])
     result = judge(records, "6")
     assert [c.outcome for c in result.comparisons] == ["mixed"]          # the other three cells have no runs
-    assert result.verdict == "interim: 1 of 4 comparisons have runs" and len(result.missing) == 3
+    assert result.verdict == "interim: 1 of 4 comparisons have all their runs" and len(result.missing) == 3
 
 
 def test_a_claim_with_a_comparison_still_without_runs_has_no_verdict():
@@ -111,7 +111,14 @@ def test_a_claim_with_a_comparison_still_without_runs_has_no_verdict():
     records = runs("layerscale", True, 48, HIGH) + runs("none", True, 48, LOW)
     result = judge(records, "2")
     assert [c.outcome for c in result.comparisons] == ["as claimed"]
-    assert result.verdict == "interim: 1 of 2 comparisons have runs"
+    assert result.verdict == "interim: 1 of 2 comparisons have all their runs"
+    # depth 96 with 2 of the protocol's 5 seeds: tested, still interim; with all 5, judged
+    claim = {c.name: c for c in cc.cait_claims(GRID)}["2"]
+    partial = records + runs("layerscale", True, 96, HIGH[:2]) + runs("none", True, 96, LOW)
+    assert cc.evaluate(partial, claim, lambda r: r["accuracy"], runs_per_cell=5).verdict == (
+        "interim: 1 of 2 comparisons have all their runs")
+    full = records + runs("layerscale", True, 96, HIGH) + runs("none", True, 96, LOW)
+    assert cc.evaluate(full, claim, lambda r: r["accuracy"], runs_per_cell=5).verdict == "reproduced"
 
 
 def test_a_claim_without_runs_is_not_tested_and_the_report_shows_every_statistic(tmp_path):
