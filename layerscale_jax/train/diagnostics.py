@@ -78,7 +78,8 @@ def branch_diagnostics(graphdef, params, batch: dict) -> dict[str, jax.Array]:
         return _hard_label_loss(model.forward_head(tokens), labels, mask), stats
 
     (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    stacked_blocks = bool(nnx.merge(graphdef, params).cfg.scan_layers)
+    model = nnx.merge(graphdef, params)                 # read for its layout and its blocks' scales
+    stacked_blocks = bool(model.cfg.scan_layers)
     out: dict[str, jax.Array] = {"loss": loss}
     for group, ratios in stats.items():
         for b, branch in enumerate(BRANCHES):
@@ -103,7 +104,6 @@ def branch_diagnostics(graphdef, params, batch: dict) -> dict[str, jax.Array]:
     groups.map_params(visit_grad, grads)
     for group, per_layer in squares.items():
         out[f"{group}/grad_norm"] = jnp.sqrt(as_vector(per_layer))
-    model = nnx.merge(graphdef, params)
     for group in BLOCK_GROUPS:
         stack = getattr(model, group, None)
         if stack is None:
