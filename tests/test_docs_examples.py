@@ -1,8 +1,10 @@
 """Every Python example of README.md, docs/*.md and the Python API's docstring runs as written, in the order a reader
 meets it, on a fresh clone: each page's blocks in one interpreter (a later block uses what an earlier one made),
 started in an empty directory holding only the clone's ``configs/`` (so ``runs/...`` workdirs are new, as on a fresh
-clone). Slow: the pages train the digits runs they show (README: depth 8 for 300 steps; python_api.md: depth 8 for
-150 steps, then depth 12 for 120 steps, twice)."""
+clone) with the devices a reader has: one CPU device (a laptop's CPU is one JAX device, not the test session's 8
+virtual ones), 8 for multihost.md's example, which runs on a pod host. Slow: the pages train the digits runs they
+show (README: depth 8 for 300 steps; python_api.md: depth 8 for 150 steps, then depth 12 for 60 steps three
+times)."""
 import os
 import re
 import subprocess
@@ -33,7 +35,8 @@ def test_the_pages_with_python_examples_are_the_ones_this_test_runs():
 def test_the_python_examples_of_a_page_run_in_sequence_as_written(page, tmp_path):
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     program = "\n\n".join(python_blocks(page))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    devices = "8" if page == "docs/multihost.md" else "1"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_NUM_CPU_DEVICES": devices}
     done = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, f"{page}: {done.stderr[-3000:]}"
 
