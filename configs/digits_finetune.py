@@ -15,10 +15,8 @@ layer_decay, rank.
 """
 import ml_collections
 
-from layerscale_jax.data.config import default_data_config
-from layerscale_jax import lora as lora_lib
-from layerscale_jax.optim import default_config as default_optim_config
-from layerscale_jax.train.config import default_train_config, model_section, parse_config_arg
+from layerscale_jax.config_defaults import (default_data_config, default_lora_config, default_optim_config,
+                                            default_train_config, model_section, parse_config_arg)
 
 MODES = {          # train.finetune, default peak lr
     "full": ("full", 2e-3),
@@ -62,7 +60,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.train.checkpoint_every = 0
     config.train.finetune = finetune
     if finetune == "lora":
-        config.lora = lora_lib.default_config()
+        config.lora = default_lora_config()
         config.lora.rank = args["rank"]
         config.lora.alpha = 2.0 * args["rank"]
     return config

@@ -11,9 +11,8 @@ label smoothing 0.1, drop path 0.05, no random translation. Deeper ablations may
 """
 import ml_collections
 
-from layerscale_jax.data.config import default_data_config
-from layerscale_jax.optim import default_config as default_optim_config
-from layerscale_jax.train.config import default_train_config, model_section, parse_config_arg
+from layerscale_jax.config_defaults import (default_data_config, default_optim_config, default_train_config,
+                                            model_section, parse_config_arg)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -11,9 +11,8 @@ smoothing 0.1, cosine decay with 5 % warm-up. The head is re-initialised when th
 """
 import ml_collections
 
-from layerscale_jax.data.config import default_data_config
-from layerscale_jax.optim import default_config as default_optim_config
-from layerscale_jax.train.config import default_train_config, model_section, parse_config_arg
+from layerscale_jax.config_defaults import (default_data_config, default_optim_config, default_train_config,
+                                            model_section, parse_config_arg)
 
 DATASETS = {"cifar10": (10, 32), "cifar100": (100, 32), "imagenet2012": (1000, 224)}
 

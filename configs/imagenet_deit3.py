@@ -10,9 +10,8 @@ cross-entropy, and no repeated augmentation.
 """
 import ml_collections
 
-from layerscale_jax.data.config import default_data_config, use_sharded_input
-from layerscale_jax.optim import default_config as default_optim_config
-from layerscale_jax.train.config import default_train_config, model_section, parse_config_arg
+from layerscale_jax.config_defaults import (default_data_config, default_optim_config, default_train_config,
+                                            model_section, parse_config_arg, use_sharded_input)
 
 VARIANTS = {  # registry name, stochastic-depth rate
     "S": ("deit3_small_patch16_224", 0.05),

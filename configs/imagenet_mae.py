@@ -15,9 +15,8 @@ LayerScale: ε = 1e-4, the official DeiT III training value (timm's checkpoints 
 """
 import ml_collections
 
-from layerscale_jax.data.config import default_data_config, use_sharded_input
-from layerscale_jax.optim import default_config as default_optim_config
-from layerscale_jax.train.config import default_train_config, model_section, parse_config_arg
+from layerscale_jax.config_defaults import (default_data_config, default_optim_config, default_train_config,
+                                            model_section, parse_config_arg, use_sharded_input)
 
 VARIANTS = {"B": "mae_deit3_base_patch16_224", "L": "mae_deit3_large_patch16_224",
             "H": "mae_deit3_huge_patch14_224"}

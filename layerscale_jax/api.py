@@ -169,13 +169,13 @@ def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *,
     from layerscale_jax.convert.workdir import workdir_checkpoint
     from layerscale_jax.train.loop import train_and_evaluate
 
-    config_lib.validate_experiment_config(config)
+    experiment = config_lib.validate_experiment_config(config)
     workdir = Path(tempfile.mkdtemp(prefix="layerscale_jax_run_")) if workdir is None else _local_workdir(workdir)
     try:
         start_step = workdir_checkpoint(workdir)[0]
     except (FileNotFoundError, ValueError):
         start_step = 0
-    results = train_and_evaluate(config, workdir, restart=restart)
+    results = train_and_evaluate(experiment, workdir, restart=restart)
     stopped = results.get("preempted_at_step")
     slot = config.train.stop_after_steps
     if stopped is not None and not (slot and stopped - start_step >= slot):
@@ -283,7 +283,7 @@ def evaluate(model: nnx.Module, config: ml_collections.ConfigDict, split: str | 
     ``split``: a split name of the dataset (``data.eval_split``); None: the config's evaluated split. The batches
     are ``train.eval_batch_size`` on the config's mesh over all devices.
     """
-    from layerscale_jax.data import get_dataset_info
+    from layerscale_jax.data import get_dataset_info, validate_data_config
     from layerscale_jax.train import sharding as shard_lib
     from layerscale_jax.train import tasks as tasks_lib
     from layerscale_jax.train.evaluation import evaluate as evaluate_split
@@ -292,7 +292,8 @@ def evaluate(model: nnx.Module, config: ml_collections.ConfigDict, split: str | 
     if split is not None:
         config = copy.deepcopy(config)           # only the data section is read: a stored config of an older run works
         config.data.eval_split = split
-    info = get_dataset_info(config.data)
+    data = validate_data_config(config.data)
+    info = get_dataset_info(data)
     cfg = model.cfg
     for field, expected in (("num_classes", info.num_classes), ("img_size", info.image_size),
                             ("in_chans", info.channels)):
@@ -304,4 +305,5 @@ def evaluate(model: nnx.Module, config: ml_collections.ConfigDict, split: str | 
     graphdef, params = _params(model, "eval")
     task = tasks_lib.for_model(model, info.eval_split)
     params = jax.device_put(params, shard_lib.replicated(mesh))
-    return evaluate_split(jax.jit(make_eval_step(graphdef, task)), params, config, mesh, task)
+    return evaluate_split(jax.jit(make_eval_step(graphdef, task)), params, data, config.train.eval_batch_size,
+                          mesh, task)

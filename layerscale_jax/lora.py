@@ -25,7 +25,7 @@ import json
 import re
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,79 +36,22 @@ from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.common import torch_conv_uniform
 from layerscale_jax.layers.lora import ADAPTER_NAMES, LoRALinear, adapted_layers, is_adapter_path, linear_layers
 from layerscale_jax.layers.params import logical_axes, param
+# The config.lora section (its fields, defaults and checks) needs no jax: layerscale_jax.lora_config.
+from layerscale_jax.lora_config import LORA_DEFAULT_TARGETS as DEFAULT_TARGETS
+from layerscale_jax.lora_config import default_lora_config as default_config
+from layerscale_jax.lora_config import lora_targets as _targets
+from layerscale_jax.lora_config import validate_lora_config as validate_config
 from layerscale_jax.optim.param_rules import trainable_mask
-
-if TYPE_CHECKING:
-    import ml_collections
 
 __all__ = ["ADAPTER_NAMES", "DEFAULT_TARGETS", "LoRALinear", "add_adapters", "adapted_layers", "adapter_state",
            "apply_config", "default_config", "frozen_patterns", "is_adapter_path", "linear_probe_patterns",
            "load_adapters", "merge", "parameter_counts", "save_adapters", "summary", "unmerge", "validate_config"]
 
 STACKED_KEY = "blocks"            # the subtree stacked on a layer axis when scan_layers=True
-DEFAULT_TARGETS = (r"blocks/\d+/attn/(qkv|proj)/kernel", r"blocks/\d+/mlp/(fc1|fc2)/kernel")
 # Layers whose forward pass reads the kernel directly (CaiT's talking-heads mixings): an adapter there would be
 # ignored, so they cannot be targeted.
 _UNADAPTABLE = ("proj_l", "proj_w")
 
-
-# -- configuration -------------------------------------------------------------------------------------------------
-
-def default_config() -> ml_collections.ConfigDict:
-    """``config.lora`` (used when ``train.finetune='lora'``):
-
-    rank              r ≥ 1, at most min(d_in, d_out) of every adapted layer.
-    alpha             α > 0; the update is scaled by α / r.
-    dropout           dropout rate on the adapter's input, in [0, 1) (train mode only).
-    targets           regexes ``re.fullmatch``ed against kernel paths such as 'blocks/3/attn/qkv/kernel'; each
-                      must match at least one dense layer.
-    train_head        also train the classifier head (a new head needs it).
-    train_norms       also train every LayerNorm (scale and bias).
-    train_layerscale  also train LayerScale's λ (and scalar gates).
-    """
-    import ml_collections  # imported here: the model code runs without it (e.g. on a bare GPU machine)
-    return ml_collections.ConfigDict(dict(rank=8, alpha=16.0, dropout=0.0, targets=DEFAULT_TARGETS,
-                                          train_head=True, train_norms=False, train_layerscale=False))
-
-
-def validate_config(config) -> None:
-    """Raise ``ValueError`` naming the field and value for anything wrong in ``config.lora``."""
-    from layerscale_jax.errors import did_you_mean
-
-    known = set(default_config().keys())
-    unknown = sorted(set(config.keys()) - known)
-    if unknown:
-        listed = ", ".join(f"lora.{key}{did_you_mean(key, known)}" for key in unknown)
-        raise ConfigError(f"unknown config field(s) {listed}; valid fields of lora: {', '.join(sorted(known))}")
-    rank = config.get("rank", 8)
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ConfigError(f"lora.rank={rank!r} must be a positive integer")
-    alpha = config.get("alpha", 16.0)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not np.isfinite(alpha) or alpha <= 0:
-        raise ConfigError(f"lora.alpha={alpha!r} must be a finite number > 0")
-    dropout = config.get("dropout", 0.0)
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"lora.dropout={dropout!r} must lie in [0, 1)")
-    targets = _targets(config.get("targets", DEFAULT_TARGETS))
-    if not targets:
-        raise ConfigError("lora.targets is empty: give at least one regex over kernel paths")
-    for pattern in targets:
-        if not isinstance(pattern, str):
-            raise ConfigError(f"lora.targets entry {pattern!r} must be a regex string")
-        try:
-            re.compile(pattern)
-        except re.error as err:
-            raise ConfigError(f"lora.targets regex {pattern!r} does not compile: {err}") from None
-    for field in ("train_head", "train_norms", "train_layerscale"):
-        if not isinstance(config.get(field, False), bool):
-            raise ConfigError(f"lora.{field}={config.get(field)!r} must be a bool")
-
-
-def _targets(targets) -> tuple[str, ...]:
-    return (targets,) if isinstance(targets, str) else tuple(targets or ())
-
-
-# -- adding adapters to a model -----------------------------------------------------------------------------------
 
 def _name(path) -> str:
     return "/".join(str(k) for k in path)

@@ -72,7 +72,7 @@ def check(cfg, model: str) -> None:
 def compile_step(cfg, images, labels, tx: optax.GradientTransformation, seed: int = 0) -> tuple[timing.Loop, int]:
     """The peer's jitted, donated train step on ``images, labels`` (a ``timing.Loop``) and its parameter count."""
     model = BigVisionViT(cfg.num_classes, cfg.patch_size, cfg.embed_dim, cfg.depth, cfg.num_heads,
-                         int(cfg.embed_dim * cfg.mlp_ratio), cfg.dtype)
+                         int(cfg.embed_dim * cfg.mlp_ratio), jnp.dtype(cfg.dtype))
     params = model.init(jax.random.key(seed), images[:1])["params"]
 
     def step(state, images, labels):

@@ -7,31 +7,33 @@ DeiT III augmentation, mixup / CutMix, exact resume, and global batches for a me
     images, targets = mixup_cutmix(rng, batch["image"], batch["label"], num_classes=info.num_classes, ...)
     state = train.get_state(); ...; train.set_state(state)  # exact resume
 
-Importing this package never imports TensorFlow (nor tensorflow_datasets / grain until a dataset is opened).
+Importing this package imports nothing heavy: the names below load on first use (``data.config``, the fields and
+their checks, needs no jax), and TensorFlow, tensorflow_datasets and grain load only when a dataset is opened.
 Fields of `config.data` are documented in `layerscale_jax.data.config`; preparing a TFDS dataset:
 `python -m layerscale_jax.data.prepare --name=NAME --data_dir=DIR`.
 """
+_SOURCES = {
+    "BadRecordError": "sources", "DatasetInfo": "dataset_info", "DatasetNotPreparedError": "sources",
+    "EvalIterator": "pipeline", "TrainIterator": "pipeline", "default_data_config": "config",
+    "get_dataset_info": "dataset_info", "make_eval_iterator": "pipeline", "make_train_iterator": "pipeline",
+    "measure_pipeline": "throughput", "mixup_cutmix": "mixup", "to_global_batch": "sharding",
+    "validate_data_config": "config",
+}
+__all__ = sorted(_SOURCES)
 
-from layerscale_jax.data.config import default_data_config, validate_data_config
-from layerscale_jax.data.dataset_info import DatasetInfo, get_dataset_info
-from layerscale_jax.data.mixup import mixup_cutmix
-from layerscale_jax.data.pipeline import EvalIterator, TrainIterator, make_eval_iterator, make_train_iterator
-from layerscale_jax.data.sharding import to_global_batch
-from layerscale_jax.data.sources import BadRecordError, DatasetNotPreparedError
-from layerscale_jax.data.throughput import measure_pipeline
 
-__all__ = [
-    "BadRecordError",
-    "DatasetInfo",
-    "DatasetNotPreparedError",
-    "EvalIterator",
-    "TrainIterator",
-    "default_data_config",
-    "get_dataset_info",
-    "make_eval_iterator",
-    "make_train_iterator",
-    "measure_pipeline",
-    "mixup_cutmix",
-    "to_global_batch",
-    "validate_data_config",
-]
+def __getattr__(name: str):
+    import importlib
+    if name in _SOURCES:
+        value = globals()[name] = getattr(importlib.import_module(f"{__name__}.{_SOURCES[name]}"), name)
+        return value
+    try:                                               # a submodule, e.g. data.pipeline
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as err:
+        if err.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SOURCES))

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from layerscale_jax.errors import ConfigError
+from layerscale_jax.arch import validate_attention_impl
 from layerscale_jax.layers.common import dense, linear
 from layerscale_jax.layers.partitioning import constrain, target_platform
 
@@ -28,8 +28,8 @@ from layerscale_jax.layers.partitioning import constrain, target_platform
 #           bfloat16/float16), the tokens padded to an even count with the padded keys masked (``padded_attention``).
 #   auto    einsum on CPU; on a GPU cudnn where cuDNN takes the shapes (``cudnn_supports``), else xla; xla on TPU.
 # ``auto`` is resolved for the platform the step is traced for (``partitioning.target_platform``: the mesh's
-# devices, so a step cross-compiled for a GPU target on a CPU machine resolves it as on the GPU).
-ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "xla", "cudnn")
+# devices, so a step cross-compiled for a GPU target on a CPU machine resolves it as on the GPU). The names are
+# ``ATTENTION_IMPLEMENTATIONS`` (``layerscale_jax.arch``, where the model configs check them).
 
 # cuDNN's fused attention trains only even sequence lengths in jax 0.11-0.12: ``check_is_flash_attention`` in
 # jax/_src/cudnn/fused_attention_stablehlo.py refuses an odd Q or KV length "with a bias" when training, and the
@@ -37,11 +37,6 @@ ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "xla", "cudnn")
 # length Q 197, KV 197`` on an H200, benchmarks/results/gpu_h200_2026-12-04/b16_cudnn.log).
 CUDNN_TOKEN_MULTIPLE = 2
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
-
-
-def validate_attention_impl(value) -> None:
-    if value not in ATTENTION_IMPLEMENTATIONS:
-        raise ConfigError(f"attention_impl={value!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
 
 
 def cudnn_supports(dtype, head_dim: int) -> bool:

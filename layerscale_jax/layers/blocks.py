@@ -78,7 +78,7 @@ class _ScaledResidualBlock(nnx.Module):
 class Block(_ScaledResidualBlock):
     """Pre-norm self-attention block; ``attention='standard'`` (DeiT III) or ``'talking_heads'`` (CaiT).
 
-    ``attention_impl`` picks how standard attention is computed (``layers.attention.ATTENTION_IMPLEMENTATIONS``);
+    ``attention_impl`` picks how standard attention is computed (``layerscale_jax.arch.ATTENTION_IMPLEMENTATIONS``);
     talking-heads attention mixes the heads' logits before the softmax and always computes them explicitly."""
 
     def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True,

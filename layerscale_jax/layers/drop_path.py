@@ -14,10 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from layerscale_jax.arch import DROP_PATH_RULES
 from layerscale_jax.errors import ConfigError
-
-DROP_PATH_RULES = ("linear", "constant")
-
 
 def drop_path_rates(drop_path_rate: float, depth: int, rule: str) -> np.ndarray:
     """Per-block drop rates, shape ``(depth,)``."""

@@ -42,10 +42,8 @@ from typing import Union
 import jax.numpy as jnp
 from flax import nnx
 
-from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.params import param
 
-BRANCH_SCALINGS = ("none", "layerscale", "scalar", "scalar_zero", "rezero", "skipinit")
 ZERO_INIT_SCALINGS = ("scalar_zero", "rezero", "skipinit")          # α = 0 by definition
 NO_LAYERNORM_SCALINGS = ("rezero", "skipinit")                     # the branch LayerNorm is removed
 
@@ -70,18 +68,6 @@ def resolve_init_value(branch_scaling: str, init_values: InitValues, depth: int)
     if init_values == "auto":
         return cait_init_value(depth)
     return float(init_values)
-
-
-def validate_branch_scaling(branch_scaling: str, init_values: InitValues) -> None:
-    if branch_scaling not in BRANCH_SCALINGS:
-        raise ConfigError(f"branch_scaling={branch_scaling!r} is not one of {BRANCH_SCALINGS}")
-    if branch_scaling in ("layerscale", "scalar"):
-        if isinstance(init_values, str):
-            if init_values != "auto":
-                raise ConfigError(f"init_values={init_values!r}: expected a float or 'auto'")
-        elif init_values is None or not float(init_values) > 0:
-            raise ConfigError(
-                f"init_values={init_values!r}: {branch_scaling} needs a positive initial value (or 'auto')")
 
 
 class LayerScale(nnx.Module):

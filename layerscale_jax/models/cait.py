@@ -9,37 +9,19 @@ The official code uses a constant stochastic-depth rate in the first stage and n
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from layerscale_jax.errors import ConfigError
+from layerscale_jax.arch import CaiTConfig  # noqa: F401 - the family's config, re-exported
 from layerscale_jax.layers.blocks import Block, ClassAttentionBlock
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_normal_02
 from layerscale_jax.layers.drop_path import drop_path_rates
 from layerscale_jax.layers.params import param
 from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import resolve_init_value
-from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
+from layerscale_jax.models.base import DTYPES, class_tokens, compute_dtypes, embed_patches, one_line_repr
 from layerscale_jax.models.stack import create_stack, run_stack
-
-
-@dataclasses.dataclass(frozen=True)
-class CaiTConfig(ArchConfig):
-    """``ArchConfig`` plus: depth_token_only (class-attention blocks), mlp_ratio_token_only."""
-    depth_token_only: int = 2
-    mlp_ratio_token_only: float = 4.0
-    drop_path_rule: str = "constant"
-    init_values: float | str = 1e-5
-
-    def validate(self) -> None:
-        super().validate()
-        if not isinstance(self.depth_token_only, int) or self.depth_token_only < 1:
-            raise ConfigError(f"depth_token_only={self.depth_token_only!r} must be a positive integer")
-        if not self.mlp_ratio_token_only > 0:
-            raise ConfigError(f"mlp_ratio_token_only={self.mlp_ratio_token_only!r} must be positive")
 
 
 class CaiT(nnx.Module):
@@ -49,7 +31,7 @@ class CaiT(nnx.Module):
 
     def __init__(self, cfg: CaiTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        d, dt, pdt = cfg.embed_dim, cfg.dtype, cfg.param_dtype
+        d, (dt, pdt) = cfg.embed_dim, compute_dtypes(cfg)
         init_value = resolve_init_value(cfg.branch_scaling, cfg.init_values, cfg.depth)
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, dtype=dt, param_dtype=pdt, rngs=rngs)
         self.cls_token = param(trunc_normal_02(rngs.params(), (1, 1, d), pdt), "token", (None, None, "embed"))
@@ -93,7 +75,8 @@ class CaiT(nnx.Module):
         return jnp.concatenate([cls, x], axis=1), {"blocks": stats, "blocks_token_only": jnp.stack(token_only_stats)}
 
     def forward_head(self, x: jnp.ndarray) -> jnp.ndarray:
-        return self.head(constrain(self.norm(x[:, 0].astype(self.cfg.dtype)), ("batch", None))).astype(jnp.float32)
+        pooled = self.norm(x[:, 0].astype(DTYPES[self.cfg.dtype]))
+        return self.head(constrain(pooled, ("batch", None))).astype(jnp.float32)
 
     def __call__(self, images: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:
         return self.forward_head(self.forward_features(images, key))

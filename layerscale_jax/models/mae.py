@@ -22,69 +22,20 @@ trunc_normal(0.02)), not with MAE's xavier_uniform; the mask token is N(0, 0.02�
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from layerscale_jax.arch import MAEConfig, num_kept  # noqa: F401 - the family's config, re-exported
 from layerscale_jax.errors import ConfigError
-from layerscale_jax.layers.attention import validate_attention_impl
 from layerscale_jax.layers.blocks import Block
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm
 from layerscale_jax.layers.drop_path import drop_path_rates
 from layerscale_jax.layers.params import param
 from layerscale_jax.layers.scaling import resolve_init_value
-from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
+from layerscale_jax.models.base import DTYPES, class_tokens, compute_dtypes, embed_patches, one_line_repr
 from layerscale_jax.models.stack import create_stack, run_stack
-
-
-@dataclasses.dataclass(frozen=True)
-class MAEConfig(ArchConfig):
-    """``ArchConfig`` (the encoder) plus the decoder and the pre-training objective.
-
-    decoder_embed_dim, decoder_depth, decoder_num_heads: the decoder (MAE: 512, 8, 16 for ViT-B/L/H).
-    mask_ratio: the fraction of patches removed per image, in (0, 1) (MAE: 0.75).
-    norm_pix_loss: regress per-patch normalised pixels (MAE's best setting) instead of the raw inputs.
-    attention_impl: how encoder and decoder compute attention (``auto`` | ``einsum`` | ``xla`` | ``cudnn``,
-    ``layers.attention``).
-    ``num_classes`` is not used by the pre-training model (it has no head); it names the classifier the encoder is
-    meant for.
-    """
-    attention_impl: str = "auto"
-    decoder_embed_dim: int = 512
-    decoder_depth: int = 8
-    decoder_num_heads: int = 16
-    mask_ratio: float = 0.75
-    norm_pix_loss: bool = True
-
-    def validate(self) -> None:
-        super().validate()
-        validate_attention_impl(self.attention_impl)
-        for field in ("decoder_embed_dim", "decoder_depth", "decoder_num_heads"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{field}={value!r} must be a positive integer")
-        if self.decoder_embed_dim % self.decoder_num_heads:
-            raise ConfigError(f"decoder_embed_dim={self.decoder_embed_dim} is not divisible by "
-                              f"decoder_num_heads={self.decoder_num_heads}")
-        ratio = self.mask_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio < 1.0:
-            raise ConfigError(f"mask_ratio={ratio!r} must lie in the open interval (0, 1)")
-        if num_kept(self.num_patches, ratio) < 1:
-            raise ConfigError(f"mask_ratio={ratio!r} keeps no patch of the {self.num_patches} per image")
-        if not isinstance(self.norm_pix_loss, bool):
-            raise ConfigError(f"norm_pix_loss={self.norm_pix_loss!r} must be a bool")
-
-    @property
-    def patch_dim(self) -> int:
-        return self.patch_size * self.patch_size * self.in_chans
-
-
-def num_kept(num_patches: int, mask_ratio: float) -> int:
-    """MAE's ``len_keep = int(L * (1 - mask_ratio))``."""
-    return int(num_patches * (1 - mask_ratio))
 
 
 def sincos_pos_embed_2d(dim: int, grid: int, cls_token: bool = False) -> np.ndarray:
@@ -163,7 +114,7 @@ class MaskedAutoencoder(nnx.Module):
 
     def __init__(self, cfg: MAEConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        d, dd, dt, pdt = cfg.embed_dim, cfg.decoder_embed_dim, cfg.dtype, cfg.param_dtype
+        (d, dd), (dt, pdt) = (cfg.embed_dim, cfg.decoder_embed_dim), compute_dtypes(cfg)
         init_value = resolve_init_value(cfg.branch_scaling, cfg.init_values, cfg.depth)
         # encoder: VisionTransformer's parameters (names and shapes) without the head
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, dtype=dt, param_dtype=pdt, rngs=rngs)
@@ -205,12 +156,12 @@ class MaskedAutoencoder(nnx.Module):
         x = jnp.concatenate([class_tokens(self, x.shape[0]), x], axis=1)
         x = run_stack(self.blocks, x, depth=cfg.depth, scan_layers=cfg.scan_layers, remat=cfg.remat,
                       key=None if self.deterministic else key, drop_path_rates=self.drop_path_rates)
-        return self.norm(x.astype(cfg.dtype)).astype(jnp.float32)
+        return self.norm(x.astype(DTYPES[cfg.dtype])).astype(jnp.float32)
 
     def forward_decoder(self, latent: jnp.ndarray, ids_restore: jnp.ndarray) -> jnp.ndarray:
         """Predicted pixels of every patch ``(B, L, patch² · C)`` float32 from the encoded visible tokens."""
         cfg = self.cfg
-        x = self.decoder_embed(latent.astype(cfg.dtype)).astype(jnp.float32)
+        x = self.decoder_embed(latent.astype(DTYPES[cfg.dtype])).astype(jnp.float32)
         b, n_vis, dd = x.shape
         masks = jnp.broadcast_to(self.mask_token[...].astype(jnp.float32), (b, cfg.num_patches + 1 - n_vis, dd))
         patches = jnp.concatenate([x[:, 1:], masks], axis=1)
@@ -218,7 +169,7 @@ class MaskedAutoencoder(nnx.Module):
         x = jnp.concatenate([x[:, :1], patches], axis=1) + self.decoder_pos_embed[...].astype(jnp.float32)
         for block in self.decoder_blocks:
             x = block(x)
-        x = self.decoder_norm(x.astype(cfg.dtype))
+        x = self.decoder_norm(x.astype(DTYPES[cfg.dtype]))
         return self.decoder_pred(x).astype(jnp.float32)[:, 1:]
 
     def predict(self, images: jnp.ndarray, key: jax.Array):

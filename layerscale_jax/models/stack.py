@@ -14,21 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.params import add_layer_axis
 
-# Named rematerialisation policies (what the backward pass may keep instead of recomputing).
+# Named rematerialisation policies (what the backward pass may keep instead of recomputing); the names are
+# ``layerscale_jax.arch.REMAT_NAMES``, which the model configs check.
 REMAT_POLICIES: dict[str, Callable | None] = {
     "none": None,                                                      # no rematerialisation
     "full": jax.checkpoint_policies.nothing_saveable,                  # recompute the whole block
     "dots_saveable": jax.checkpoint_policies.dots_saveable,            # keep every matmul output
     "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-
-def validate_remat(remat: str) -> None:
-    if remat not in REMAT_POLICIES:
-        raise ConfigError(f"remat={remat!r} is not one of {tuple(REMAT_POLICIES)}")
 
 
 def create_stack(make_block: Callable[[nnx.Rngs], nnx.Module], depth: int, scan_layers: bool, rngs: nnx.Rngs):

@@ -8,39 +8,19 @@
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from layerscale_jax.errors import ConfigError
-from layerscale_jax.layers.attention import validate_attention_impl
+from layerscale_jax.arch import GLOBAL_POOLS, ViTConfig  # noqa: F401 - the family's config, re-exported
 from layerscale_jax.layers.blocks import Block
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_normal_02
 from layerscale_jax.layers.drop_path import drop_path_rates
 from layerscale_jax.layers.params import param
 from layerscale_jax.layers.partitioning import constrain
 from layerscale_jax.layers.scaling import resolve_init_value
-from layerscale_jax.models.base import ArchConfig, class_tokens, embed_patches, one_line_repr
+from layerscale_jax.models.base import DTYPES, class_tokens, compute_dtypes, embed_patches, one_line_repr
 from layerscale_jax.models.stack import create_stack, run_stack
-
-GLOBAL_POOLS = ("token", "avg")
-
-
-@dataclasses.dataclass(frozen=True)
-class ViTConfig(ArchConfig):
-    """``ArchConfig`` plus: global_pool (``token`` | ``avg``); attention_impl, how attention is computed
-    (``auto`` | ``einsum`` | ``xla`` | ``cudnn``, ``layers.attention``: the same function, only the speed differs)."""
-    global_pool: str = "token"
-    attention_impl: str = "auto"
-
-    def validate(self) -> None:
-        super().validate()
-        validate_attention_impl(self.attention_impl)
-        if self.global_pool not in GLOBAL_POOLS:
-            raise ConfigError(f"global_pool={self.global_pool!r} is not one of {GLOBAL_POOLS}")
-
 
 class VisionTransformer(nnx.Module):
     """DeiT III / ViT. ``model(images, key=None)``: NHWC float images → float32 logits ``(batch, num_classes)``.
@@ -52,7 +32,7 @@ class VisionTransformer(nnx.Module):
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        d, dt, pdt = cfg.embed_dim, cfg.dtype, cfg.param_dtype
+        d, (dt, pdt) = cfg.embed_dim, compute_dtypes(cfg)
         init_value = resolve_init_value(cfg.branch_scaling, cfg.init_values, cfg.depth)
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, dtype=dt, param_dtype=pdt, rngs=rngs)
         # timm: nn.init.normal_(cls_token, std=1e-6) (the official DeiT III code: trunc_normal 0.02)
@@ -92,9 +72,9 @@ class VisionTransformer(nnx.Module):
 
     def forward_head(self, x: jnp.ndarray) -> jnp.ndarray:
         if self.cfg.global_pool == "avg":
-            pooled = self.fc_norm(x[:, 1:].mean(axis=1).astype(self.cfg.dtype))
+            pooled = self.fc_norm(x[:, 1:].mean(axis=1).astype(DTYPES[self.cfg.dtype]))
         else:
-            pooled = self.norm(x[:, 0].astype(self.cfg.dtype))
+            pooled = self.norm(x[:, 0].astype(DTYPES[self.cfg.dtype]))
         return self.head(constrain(pooled, ("batch", None))).astype(jnp.float32)
 
     def __call__(self, images: jnp.ndarray, key: jax.Array | None = None) -> jnp.ndarray:

@@ -5,15 +5,30 @@
     (loss, aux), grads = optim.accumulate_gradients(f, params, batch, k, key=key)
     ema = optim.ema_update(ema, params, decay)
 
-Every config field is documented in ``layerscale_jax.optim.config``.
+Every config field is documented in ``layerscale_jax.optim.config``. The names below load on first use, so the
+config module (its defaults and checks) is read without jax or optax.
 """
-from layerscale_jax.optim.build import GroupRow, OptimizerBundle, build
-from layerscale_jax.optim.config import default_config, validate_config
-from layerscale_jax.optim.ema import ema_update
-from layerscale_jax.optim.gradients import accumulate_gradients, sam_gradients
-from layerscale_jax.optim.param_rules import layer_decay_scales, trainable_mask, weight_decay_mask
-from layerscale_jax.optim.schedules import make_schedule
+_SOURCES = {
+    "GroupRow": "bundle", "OptimizerBundle": "bundle", "build": "bundle", "default_config": "config",
+    "validate_config": "config", "ema_update": "ema", "accumulate_gradients": "gradients", "sam_gradients": "gradients",
+    "layer_decay_scales": "param_rules", "trainable_mask": "param_rules", "weight_decay_mask": "param_rules",
+    "make_schedule": "schedules",
+}
+__all__ = list(_SOURCES)
 
-__all__ = ["GroupRow", "OptimizerBundle", "build", "default_config", "validate_config", "ema_update",
-           "accumulate_gradients", "sam_gradients", "layer_decay_scales", "trainable_mask", "weight_decay_mask",
-           "make_schedule"]
+
+def __getattr__(name: str):
+    import importlib
+    if name in _SOURCES:
+        value = globals()[name] = getattr(importlib.import_module(f"{__name__}.{_SOURCES[name]}"), name)
+        return value
+    try:                                               # a submodule, e.g. optim.gradients
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as err:
+        if err.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SOURCES))

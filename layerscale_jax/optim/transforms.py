@@ -65,7 +65,7 @@ def scale_by_multiplier(multipliers: Table) -> optax.GradientTransformation:
     """Multiply each update by its parameter's multiplier: a layer-decay scale ``s_i``, or one scale per layer along
     the leading axis of a stacked parameter. A multiplier of exactly 1 adds no operation. Placed after the base
     optimizer, this is the same update as one base optimizer per layer group followed by ``optax.scale(s_i)``
-    (see ``layerscale_jax.optim.build``)."""
+    (see ``layerscale_jax.optim.bundle``)."""
 
     def apply(path, u):
         multiplier = np.asarray(lookup(multipliers, path, "scale_by_multiplier"))

@@ -44,7 +44,7 @@ from ml_collections import config_flags  # noqa: E402
 from layerscale_jax.cli import run_cli  # noqa: E402
 from layerscale_jax.errors import UserError, did_you_mean  # noqa: E402
 from layerscale_jax.paths import as_path  # noqa: E402
-from layerscale_jax.train.config import load_config, validate_experiment_config  # noqa: E402
+from layerscale_jax.train.config import Experiment, load_config, validate_experiment_config  # noqa: E402
 from layerscale_jax.train.launch import accelerator_line, missing_accelerator_package, resolve_launch  # noqa: E402
 
 CONFIG_FLAG = "config"
@@ -136,8 +136,13 @@ def parse_command_line(argv: list[str]) -> flags.FlagValues:
     """Parse ``argv`` (without the program name): the flags, the config file, its overrides, all validated.
 
     Returns the parsed flags; ``.config`` is the validated, locked experiment config. Raises ``UserError`` or
-    ``ValueError`` naming the flag, the config field or the file.
+    ``ConfigError`` naming the flag, the config field or the file.
     """
+    return parse_job(argv)[0]
+
+
+def parse_job(argv: list[str]) -> tuple[flags.FlagValues, Experiment]:
+    """``parse_command_line``'s flags, and the config validated into the ``Experiment`` the job runs (no jax)."""
     spec, overrides, rest = _split_config_args(argv)
     flag_values = flags.FlagValues()
     _define_flags(flag_values)
@@ -163,8 +168,7 @@ def parse_command_line(argv: list[str]) -> flags.FlagValues:
         raise UserError("--fit and --json go with --compile_for TARGET")
     else:
         as_path(flag_values.workdir, "--workdir")  # a local path, file:// or gs:// (layerscale_jax.paths)
-    validate_experiment_config(flag_values[CONFIG_FLAG].value)
-    return flag_values
+    return flag_values, validate_experiment_config(flag_values[CONFIG_FLAG].value)
 
 
 def _print_help() -> None:
@@ -193,8 +197,8 @@ def main(argv: list[str]) -> int:
     if any(arg in _HELP_FLAGS for arg in argv):
         _print_help()
         return 0
-    parsed = parse_command_line(argv)
-    config = parsed[CONFIG_FLAG].value
+    parsed, experiment = parse_job(argv)
+    config = experiment.config
     flags.FLAGS.mark_as_parsed()             # absl logging (used by orbax) otherwise warns about unparsed flags
     launch = resolve_launch(distributed=parsed.distributed, coordinator_address=parsed.coordinator_address,
                             num_processes=parsed.num_processes, process_id=parsed.process_id,
@@ -224,11 +228,11 @@ def main(argv: list[str]) -> int:
     absl_logging.set_verbosity(absl_logging.WARNING)
     if parsed.compile_for:
         from layerscale_jax.train.compile_for import compile_command
-        return compile_command(config, parsed.compile_for, fit=parsed.fit, as_json=parsed.json)
+        return compile_command(experiment, parsed.compile_for, fit=parsed.fit, as_json=parsed.json)
     from layerscale_jax.train.loop import train_and_evaluate
 
     # workdir, save and checkpoint problems raise UserErrors
-    results = train_and_evaluate(config, parsed.workdir, restart=parsed.restart)
+    results = train_and_evaluate(experiment, parsed.workdir, restart=parsed.restart)
     signalled = stop_signals.received is not None or stop_signals.notice_time() is not None
     if "preempted_at_step" in results and (signalled or not config.train.stop_after_steps):
         return stop_signals.exit_status       # 143 (a preemption notice) or 130 (Ctrl-C): unfinished, rerun it

@@ -152,13 +152,12 @@ class CompileReport:
         return "\n".join(lines)
 
 
-def declared_dataset_info(config):
-    """The ``DatasetInfo`` the steps need, from the config alone (the dataset is not opened)."""
-    from layerscale_jax.data import DatasetInfo, validate_data_config
-    settings = validate_data_config(config.data)
-    m = config.model
-    return DatasetInfo(name=settings.name, num_classes=m.get("num_classes", 1000), image_size=settings.image_size,
-                       channels=m.get("in_chans", 3), num_train=0, num_test=0, mean=(0.0,), std=(1.0,),
+def declared_dataset_info(experiment):
+    """The ``DatasetInfo`` the steps need, from the validated config alone (the dataset is not opened)."""
+    from layerscale_jax.data import DatasetInfo
+    settings, arch = experiment.data, experiment.model
+    return DatasetInfo(name=settings.name, num_classes=arch.num_classes, image_size=settings.image_size,
+                       channels=arch.in_chans, num_train=0, num_test=0, mean=(0.0,), std=(1.0,),
                        train_split=settings.train_split, eval_split=settings.eval_split or "test")
 
 
@@ -173,24 +172,17 @@ def batch_specs(config, mesh, size: int, with_mask: bool) -> dict:
     return spec
 
 
-def architecture(config):
-    """The model's architecture config (``models.model_config``) as the run builds it."""
-    from layerscale_jax.models import model_config
-    from layerscale_jax.train.config import model_overrides
-    return model_config(config.model.name, **model_overrides(config.model))
-
-
-def describe_model(config, trainer) -> str:
-    arch = architecture(config)
+def describe_model(trainer) -> str:
+    arch = trainer.arch
     count = sum(math.prod(p.shape) for p in jax.tree.leaves(trainer.abstract_state["params"]))
-    return (f"{config.model.name} (depth {arch.depth}, width {arch.embed_dim}, {count:,} parameters, "
-            f"{jnp.dtype(arch.dtype).name}, remat {arch.remat})")
+    return (f"{trainer.config.model.name} (depth {arch.depth}, width {arch.embed_dim}, {count:,} parameters, "
+            f"{arch.dtype}, remat {arch.remat})")
 
 
-def analytic_flops(config) -> int:
+def analytic_flops(trainer) -> int:
     """Model FLOPs of one train step on the global batch (``bench.flops``)."""
     from layerscale_jax.bench.flops import train_step_flops
-    return train_step_flops(architecture(config), config.train.batch_size)
+    return train_step_flops(trainer.arch, trainer.config.train.batch_size)
 
 
 class DoesNotFit(UserError):
@@ -243,16 +235,17 @@ def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSte
     with abstract sharded inputs over ``target``'s devices and compiled by its compiler. libtpu's out-of-memory
     raises ``DoesNotFit``."""
     from layerscale_jax.train import loop as loop_lib
-    from layerscale_jax.train.config import validate_experiment_config
+    from layerscale_jax.train.config import as_experiment
 
-    validate_experiment_config(config)
+    experiment = as_experiment(config)
+    config = experiment.config
     parsed = targets_lib.parse_target(target)
     mesh = shard_lib.make_mesh(config.train.mesh, targets_lib.target_devices(parsed))
     tc = config.train
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)    # cross-compiled entries cannot be read back
     try:
-        trainer = loop_lib.create_trainer(config, mesh, info=declared_dataset_info(config))
+        trainer = loop_lib.create_trainer(experiment, mesh, info=declared_dataset_info(experiment))
         steps = {"train": (trainer.train_step, (trainer.abstract_state,
                                                 batch_specs(config, mesh, tc.batch_size, False)))}
         if eval_step:
@@ -280,17 +273,18 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
     raises ``DoesNotFit`` (a ``UserError``: one line with the numbers) instead of returning its report.
     ``eval_step=False`` compiles the train step only."""
     steps = compile_steps(config, target, eval_step=eval_step)
+    config = steps.trainer.config
     parsed, mesh, compiled, tc = steps.target, steps.mesh, steps.compiled, config.train
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
     report = CompileReport(
         target=parsed.name, topology=parsed.describe(), chip=parsed.chip.name, chip_source=parsed.chip.source,
         num_chips=parsed.num_chips, mesh={k: int(v) for k, v in mesh.shape.items()},
-        model=describe_model(config, steps.trainer),
+        model=describe_model(steps.trainer),
         global_batch=tc.batch_size, per_chip_batch=tc.batch_size // batch_devices,
         accum_steps=config.optim.accum_steps, hbm_per_chip=parsed.memory_per_chip, memory_note=parsed.memory_note,
         train_memory=StepMemory.of(compiled["train"]),
         eval_memory=StepMemory.of(compiled["eval"]) if eval_step else None,
-        flops_per_step=analytic_flops(config),
+        flops_per_step=analytic_flops(steps.trainer),
         collectives=shard_lib.collectives_by_kind(shard_lib.collectives(compiled["train"].as_text())),
         compile_seconds=steps.seconds, peak_flop_per_s=parsed.chip.peak_bf16_flop_per_s,
         hbm_bytes_per_s=parsed.chip.hbm_bytes_per_s)
@@ -398,11 +392,14 @@ def command_line_overrides(overrides: dict) -> str:
 def compile_command(config, target: str, *, fit: bool = False, as_json: bool = False) -> int:
     """``python -m layerscale_jax.train --config ... --compile_for TARGET [--fit] [--json]``: the report on stdout
     (its JSON as the last line with ``--json``); a run that does not fit is one ``error:`` line (``DoesNotFit``)."""
+    from layerscale_jax.train.config import as_experiment
+
+    experiment = as_experiment(config)
     overrides: dict = {}
     if fit:
-        report, overrides = fit_search(config, target)
+        report, overrides = fit_search(experiment.config, target)
     else:
-        report = compile_for(config, target)
+        report = compile_for(experiment, target)
     print(report.format())
     if fit:
         print("fits as given" if not overrides else f"fits with: {command_line_overrides(overrides)}")

@@ -1,8 +1,10 @@
-"""The ``config.train`` and ``config.model`` sections: every field, its default and its meaning.
+"""The ``config.train`` and ``config.model`` sections: every field, its default and its meaning; and the checks of
+a whole experiment config where it enters. No jax: the command line runs all of it first.
 
 A full experiment config (see ``configs/``) has four sections (and an optional ``lora``, see ``train.finetune``):
-``model`` (registry name plus architecture overrides, passed to ``create_model``), ``data``
-(``layerscale_jax.data.config``), ``optim`` (``layerscale_jax.optim.default_config``) and ``train`` (below).
+``model`` (registry name plus architecture overrides: ``model_section``), ``data`` (``layerscale_jax.data.config``),
+``optim`` (``layerscale_jax.optim.config``) and ``train`` (below). Config files take these defaults from
+``layerscale_jax.config_defaults``.
 
 ``train`` fields:
   steps               optimizer steps of the run.
@@ -31,7 +33,7 @@ A full experiment config (see ``configs/``) has four sections (and an optional `
                       for spot VMs and GKE, SLURM's KillWait): a stop whose save would not end in time, judged by
                       the last save this job measured, exits without it (the last checkpoint stays).
   finetune            'full' | 'lora' | 'linear_probe': what trains (``train.finetune``); with 'lora' the optional
-                      top-level ``config.lora`` section (``layerscale_jax.lora.default_config()``) sets rank, α,
+                      top-level ``config.lora`` section (``layerscale_jax.lora_config``) sets rank, α,
                       dropout, targets and whether the head, norms and LayerScale λ train.
   compilation_cache_dir   JAX's persistent compilation cache (a restart loads the compiled step instead of
                       compiling it again): a local path (default ``~/.cache/layerscale_jax/xla``, per host; with
@@ -39,10 +41,14 @@ A full experiment config (see ``configs/``) has four sections (and an optional `
                       every host and every restarted VM shares (``gs://BUCKET/xla_cache``); '' turns it off. See
                       docs/storage.md.
 
+``lora`` fields: ``layerscale_jax.lora_config``.
+
 ``load_config(spec)`` reads a config file (``configs/X.py[:arg]``) and ``validate_experiment_config(config)``
-checks all four sections where the config enters (the command line calls both before anything else starts):
-unknown sections and fields are refused with the closest valid names, every number must be finite and in range,
-and each error names the field and the value.
+checks all four sections where the config enters (the command line calls both before jax is imported): unknown
+sections and fields are refused with the closest valid names, every number must be finite and in range, and each
+error names the field and the value. It returns an ``Experiment``: the config with its model section as the
+``ArchConfig`` the trainer builds and its data section as the ``DataSettings`` the input reads, so nothing after
+the entry point checks them again.
 """
 from __future__ import annotations
 
@@ -55,13 +61,30 @@ import traceback
 
 import ml_collections
 
+from layerscale_jax.arch import ArchConfig, MAEConfig, get_entry, model_config
+from layerscale_jax.data.config import DataSettings, validate_data_config
 from layerscale_jax.errors import ConfigError, UserError, did_you_mean
-from layerscale_jax.models import model_config
-from layerscale_jax.models.registry import get_entry
+from layerscale_jax.lora_config import validate_lora_config
+from layerscale_jax.optim.config import validate_config as validate_optim_config
 from layerscale_jax.paths import as_path
-from layerscale_jax.train.sharding import DEFAULT_RULES, MESH_FIELDS, validate_mesh_config
 
 NONFINITE_MODES = ("raise", "skip")
+FINETUNE_MODES = ("full", "lora", "linear_probe")          # train.finetune
+
+MESH_AXES = ("data", "fsdp", "tensor")
+# Parallelism across slices (TPU multi-slice, over the data-centre network) or, where devices carry no slice, across
+# processes: ``mesh.dcn_<axis>`` granules along each axis (MaxText's ``dcn_*``), ``mesh.<axis>`` devices within one.
+DCN_AXES = tuple(f"dcn_{axis}" for axis in MESH_AXES)
+MESH_FIELDS = MESH_AXES + DCN_AXES
+
+# Default logical → mesh axis rules: FSDP over the embedding dimension, tensor parallelism over heads and MLP.
+DEFAULT_RULES = (
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("classes", None),
+    ("layers", None),
+)
 
 
 def model_section(name: str, **overrides) -> ml_collections.ConfigDict:
@@ -76,9 +99,7 @@ def model_section(name: str, **overrides) -> ml_collections.ConfigDict:
     section = ml_collections.ConfigDict({"name": name})
     for field in dataclasses.fields(arch):
         value = getattr(arch, field.name)
-        if field.name in ("dtype", "param_dtype"):
-            value = value.__name__ if hasattr(value, "__name__") else str(value)
-        elif field.type in ("float", float):
+        if field.type in ("float", float):
             value = float(value)
         elif field.type in ("float | str", "str | float"):
             value = ml_collections.FieldReference(value, field_type=object)
@@ -87,6 +108,7 @@ def model_section(name: str, **overrides) -> ml_collections.ConfigDict:
 
 
 def model_overrides(model_cfg) -> dict:
+    """``config.model`` without its name: the overrides of the registered model, as ``create_model`` takes them."""
     cfg = model_cfg.to_dict() if hasattr(model_cfg, "to_dict") else dict(model_cfg)
     cfg.pop("name")
     return cfg
@@ -129,6 +151,28 @@ def _check_fields(section, known, prefix: str) -> None:
                           f"{', '.join(sorted(known))}")
 
 
+def _mesh_sizes(mesh_config, fields, allow_fill: bool) -> dict[str, int]:
+    sizes = {}
+    for field in fields:
+        value = mesh_config.get(field, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and not (allow_fill and value == -1)):
+            raise ConfigError(f"train.mesh.{field}={value!r} must be a positive integer"
+                              + (" or -1 (the remaining devices)" if allow_fill else ""))
+        sizes[field] = value
+    return sizes
+
+
+def validate_mesh_config(mesh_config) -> tuple[dict[str, int], dict[str, int]]:
+    """``config.train.mesh`` checked field by field: ``data``, ``fsdp``, ``tensor`` positive integers or -1 (at
+    most one), ``dcn_*`` positive integers. Returns ``(within-granule sizes, dcn_* sizes)``."""
+    ici = _mesh_sizes(mesh_config, MESH_AXES, allow_fill=True)
+    dcn = _mesh_sizes(mesh_config, DCN_AXES, allow_fill=False)
+    fill = [a for a in MESH_AXES if ici[a] == -1]
+    if len(fill) > 1:
+        raise ConfigError(f"train.mesh: at most one of data, fsdp, tensor may be -1, got {', '.join(fill)} = -1")
+    return ici, dcn
+
+
 def validate_train_config(train) -> None:
     """Check ``config.train``: unknown fields, integer ranges, the mesh axes and ``nonfinite``."""
     defaults = default_train_config()
@@ -154,49 +198,80 @@ def validate_train_config(train) -> None:
         raise ConfigError(f"train.compilation_cache_dir={train.compilation_cache_dir!r} must be '' or a path")
     if train.compilation_cache_dir:
         as_path(train.compilation_cache_dir, "train.compilation_cache_dir")     # a supported scheme
-    from layerscale_jax.train.finetune import FINETUNE_MODES
     if train.get("finetune", "full") not in FINETUNE_MODES:
         raise ConfigError(f"train.finetune={train.get('finetune')!r} is not one of {FINETUNE_MODES}")
 
 
-def validate_model_section(model) -> None:
-    """Check ``config.model``: a registered name, known fields (with the closest names), finite numbers, and
-    everything ``create_model`` checks (divisibility, ranges, choices), without building anything."""
+def validate_model_section(model) -> ArchConfig:
+    """Check ``config.model`` and return it as the architecture config the trainer builds
+    (``models.create_from_config``): a registered name, known fields (with the closest names), finite numbers, and
+    everything the config class checks (divisibility, ranges, choices), without building anything."""
     name = model.get("name")
     if not isinstance(name, str):
         raise ConfigError(f"model.name={name!r} must be a registered model name")
     entry = get_entry(name)                                    # an unknown name lists the closest registered ones
     fields = {f.name for f in dataclasses.fields(entry.config_cls)}
     _check_fields(model, fields | {"name"}, "model.")
-    for key, value in model_overrides(model).items():
+    overrides = model_overrides(model)
+    for key, value in overrides.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"model.{key}={value!r} must be a finite number")
     try:
-        model_config(name, **model_overrides(model))
+        return entry.make_config(overrides)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"model ({name}): {err}") from err
+
+
+def validate_finetune(config, arch: ArchConfig) -> None:
+    """Check ``train.finetune`` and the ``lora`` section together, for the model ``arch``."""
+    mode = config.train.get("finetune", "full")
+    if mode not in FINETUNE_MODES:
+        raise ConfigError(f"train.finetune={mode!r} is not one of {FINETUNE_MODES}")
+    if "lora" in config:
+        validate_lora_config(config.lora)
+        if mode != "lora":
+            raise ConfigError(f"config.lora is set but train.finetune={mode!r}; set train.finetune='lora' or remove "
+                              "the lora section")
+    if mode != "full" and isinstance(arch, MAEConfig):
+        raise ConfigError(f"train.finetune={mode!r} needs a classifier, but model.name={config.model.name!r} is "
+                          "an MAE pre-training model; fine-tune its encoder in a ViT (train.init_from=<MAE run>)")
 
 
 SECTIONS = ("model", "data", "optim", "train")
 OPTIONAL_SECTIONS = ("lora",)
 
 
-def validate_experiment_config(config) -> None:
-    """Check a whole experiment config (the four sections) where it enters; raises ``ValueError`` naming the
-    field and the value. Nothing is built and no device is touched."""
-    from layerscale_jax.data.config import validate_data_config
-    from layerscale_jax.optim.config import validate_config as validate_optim_config
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """A validated experiment config: ``config``, the ``ConfigDict`` as given (its sections, written to the
+    workdir's config.json); ``model``, its model section as the architecture config the trainer builds; ``data``,
+    its data section as the ``data.config.DataSettings`` the input pipeline reads. Made by
+    ``validate_experiment_config`` where a config enters (the command line, ``api.fit``, ``train_and_evaluate``,
+    ``train_and_record``); what it is passed to checks nothing again."""
+    config: ml_collections.ConfigDict
+    model: ArchConfig
+    data: DataSettings
 
+
+def validate_experiment_config(config) -> Experiment:
+    """Check a whole experiment config (the four sections and the optional ``lora``) where it enters, and return
+    it as an ``Experiment``; raises ``ConfigError`` naming the field and the value. Nothing is built, no device is
+    touched and jax is not imported."""
     _check_fields(config, SECTIONS + OPTIONAL_SECTIONS, "")
     missing = [s for s in SECTIONS if s not in config]
     if missing:
         raise ConfigError(f"config lacks section(s) {missing}; a config has the sections {list(SECTIONS)}")
-    validate_model_section(config.model)
-    validate_data_config(config.data)
+    arch = validate_model_section(config.model)
+    data = validate_data_config(config.data)
     validate_train_config(config.train)
     validate_optim_config(config.optim, total_steps=config.train.steps)
-    from layerscale_jax.train.finetune import validate as validate_finetune
-    validate_finetune(config)
+    validate_finetune(config, arch)
+    return Experiment(config, arch, data)
+
+
+def as_experiment(config) -> Experiment:
+    """``config`` (a ``ConfigDict``) validated into an ``Experiment``; an ``Experiment`` as it is."""
+    return config if isinstance(config, Experiment) else validate_experiment_config(config)
 
 
 def _where_in(path: str, err: BaseException) -> str:

@@ -18,14 +18,15 @@ from layerscale_jax.train.diagnostics import to_floats
 from layerscale_jax.train.metrics import due
 
 
-def evaluate(eval_step_fn, params, config, mesh, task=None) -> dict[str, float]:
+def evaluate(eval_step_fn, params, data, batch_size: int, mesh, task=None) -> dict[str, float]:
     """The task's metrics (``task.eval_keys``, and ``<prefix>_examples``) over the whole evaluated split: test loss
     and accuracy for classification (``val_*`` when the split is not 'test'), the masked-patch reconstruction loss
-    for MAE. ``eval_step_fn``: ``step.make_eval_step``'s, jitted."""
+    for MAE. ``eval_step_fn``: ``step.make_eval_step``'s, jitted. ``data``: the data section (a validated
+    ``DataSettings`` or a config to validate); ``batch_size``: the global eval batch."""
     task = task if task is not None else tasks_lib.ClassificationTask()
     sums = dict.fromkeys((*task.eval_metrics, "count"), 0.0)
-    size = config.train.eval_batch_size
-    iterator = data_lib.make_eval_iterator(config.data, global_batch_size=size, rows=process_batch_rows(mesh, size))
+    size = batch_size
+    iterator = data_lib.make_eval_iterator(data, global_batch_size=size, rows=process_batch_rows(mesh, size))
     for batch in iterator:
         out = eval_step_fn(params, data_lib.to_global_batch(batch, mesh, size))
         for k, v in jax.device_get(out).items():
@@ -42,7 +43,7 @@ class Evaluation:
     def __init__(self, trainer, *, end: int, workdir=None):
         self.trainer, self.end, self.workdir = trainer, end, workdir
         self.every = trainer.config.train.eval_every
-        self.batch = diagnostics_batch(trainer.config, trainer.mesh) if trainer.diagnostics is not None else None
+        self.batch = diagnostics_batch(trainer) if trainer.diagnostics is not None else None
         self.results: dict[str, float] = {}      # the newest evaluation's metrics
         self.seconds = 0.0                       # spent evaluating
 
@@ -51,7 +52,8 @@ class Evaluation:
 
     def metrics(self, state: dict) -> dict[str, float]:
         trainer = self.trainer
-        return evaluate(trainer.eval_step, _eval_params(state), trainer.config, trainer.mesh, trainer.task)
+        return evaluate(trainer.eval_step, _eval_params(state), trainer.data, trainer.config.train.eval_batch_size,
+                        trainer.mesh, trainer.task)
 
     def diagnostics(self, state: dict) -> dict[str, float]:
         return to_floats(self.trainer.diagnostics(state["params"], self.batch)) if self.batch is not None else {}
@@ -71,10 +73,10 @@ def _eval_params(state: dict):
     return state["ema"] if "ema" in state else state["params"]
 
 
-def diagnostics_batch(config, mesh) -> dict:
+def diagnostics_batch(trainer) -> dict:
     """The batch the per-block diagnostics are measured on at every evaluation: the first train batch of the seed,
     before augmentation by Mixup/CutMix, the same one after a resume."""
-    tc = config.train
-    with data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed,
+    tc, mesh = trainer.config.train, trainer.mesh
+    with data_lib.make_train_iterator(trainer.data, global_batch_size=tc.batch_size, seed=tc.seed,
                                       rows=process_batch_rows(mesh, tc.batch_size)) as iterator:
         return data_lib.to_global_batch(next(iterator), mesh, tc.batch_size)

@@ -1,10 +1,10 @@
 """Fine-tuning modes, chosen by ``config.train.finetune``:
 
     full          every parameter trains (with ``optim.layer_decay`` for MAE/BEiT-style fine-tuning).
-    lora          LoRA adapters (``layerscale_jax.lora``, configured by the optional ``config.lora`` section, defaults
-                  ``lora.default_config()``) are added to the model; the base is frozen (zero updates, no optimizer
-                  state), the adapters and, by ``lora.train_head`` / ``train_norms`` / ``train_layerscale``, the head,
-                  the LayerNorms and LayerScale's λ train.
+    lora          LoRA adapters (``layerscale_jax.lora``, configured by the optional ``config.lora`` section,
+                  defaults ``lora_config.default_lora_config()``) are added to the model; the base is frozen (zero
+                  updates, no optimizer state), the adapters and, by ``lora.train_head`` / ``train_norms`` /
+                  ``train_layerscale``, the head, the LayerNorms and LayerScale's λ train.
     linear_probe  only the classifier head trains.
 
 The pre-trained weights come from ``train.init_from`` (our checkpoint or training workdir, a converted or raw timm
@@ -21,37 +21,18 @@ import ml_collections
 from flax import nnx
 
 from layerscale_jax import lora as lora_lib
-from layerscale_jax.errors import ConfigError
 from layerscale_jax.optim.config import freeze_patterns
+from layerscale_jax.lora_config import default_lora_config
 
-FINETUNE_MODES = ("full", "lora", "linear_probe")
 LORA_INIT_STREAM = 2          # adapters are initialised from fold_in(key(train.seed), LORA_INIT_STREAM)
 
 
 def lora_section(config) -> ml_collections.ConfigDict:
-    """``config.lora`` over ``lora.default_config()`` (the section is optional)."""
-    section = lora_lib.default_config()
+    """``config.lora`` over ``lora_config.default_lora_config()`` (the section is optional)."""
+    section = default_lora_config()
     if "lora" in config:
         section.update(config.lora.to_dict() if hasattr(config.lora, "to_dict") else dict(config.lora))
     return section
-
-
-def validate(config) -> None:
-    """Check ``train.finetune`` and the ``lora`` section together (called by ``validate_experiment_config``)."""
-    mode = config.train.get("finetune", "full")
-    if mode not in FINETUNE_MODES:
-        raise ConfigError(f"train.finetune={mode!r} is not one of {FINETUNE_MODES}")
-    if "lora" in config:
-        lora_lib.validate_config(config.lora)
-        if mode != "lora":
-            raise ConfigError(f"config.lora is set but train.finetune={mode!r}; set train.finetune='lora' or remove "
-                              "the lora section")
-    if mode != "full":
-        from layerscale_jax.models.mae import MAEConfig
-        from layerscale_jax.models.registry import get_entry
-        if get_entry(config.model.name).config_cls is MAEConfig:
-            raise ConfigError(f"train.finetune={mode!r} needs a classifier, but model.name={config.model.name!r} is "
-                              "an MAE pre-training model; fine-tune its encoder in a ViT (train.init_from=<MAE run>)")
 
 
 def add_adapters(config, model: nnx.Module, seed: int) -> nnx.Module:

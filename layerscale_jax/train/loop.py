@@ -27,8 +27,9 @@ from flax import nnx
 
 from layerscale_jax import data as data_lib
 from layerscale_jax import optim
+from layerscale_jax.arch import MAEConfig
 from layerscale_jax.errors import ConfigError
-from layerscale_jax.models import create_model
+from layerscale_jax.models.registry import create_from_config
 from layerscale_jax.paths import as_path, read_json, write_text_atomically
 from layerscale_jax.runtime import stop_signals
 from layerscale_jax.train import finetune as finetune_lib
@@ -37,7 +38,8 @@ from layerscale_jax.train import tasks as tasks_lib
 from layerscale_jax.train import workdir as workdir_lib
 from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, to_jsonable
 from layerscale_jax.train.compile_cache import use_compilation_cache
-from layerscale_jax.train.config import model_overrides, validate_experiment_config, validate_train_config
+from layerscale_jax.train.config import Experiment, as_experiment
+from layerscale_jax.train.config import model_overrides  # noqa: F401 - re-exported (tests, scripts)
 from layerscale_jax.train.diagnostics import make_diagnostics_fn
 from layerscale_jax.train.evaluation import Evaluation
 from layerscale_jax.train.feed import Batches
@@ -48,14 +50,12 @@ from layerscale_jax.train.step import init_train_state, make_eval_step, make_tra
 from layerscale_jax.train.workdir_lock import WorkdirLock
 
 
-def _check_model_matches_data(model_cfg, info) -> None:
-    from layerscale_jax.models.mae import MAEConfig
-    from layerscale_jax.models.registry import get_entry
-    pretraining = get_entry(model_cfg.name).config_cls is MAEConfig          # no classifier: labels unused
+def _check_model_matches_data(arch, info) -> None:
+    pretraining = isinstance(arch, MAEConfig)                                # no classifier: labels unused
     for field, expected in ((("num_classes", info.num_classes),) * (not pretraining) +
                             (("img_size", info.image_size), ("in_chans", info.channels))):
-        if model_cfg.get(field) != expected:
-            raise ConfigError(f"model.{field}={model_cfg.get(field)!r} does not match dataset {info.name!r} "
+        if getattr(arch, field) != expected:
+            raise ConfigError(f"model.{field}={getattr(arch, field)!r} does not match dataset {info.name!r} "
                               f"({field} = {expected}); set config.model.{field}={expected}")
 
 
@@ -66,12 +66,14 @@ def _check_batch(name: str, batch_size: int, mesh) -> None:
                           f"mesh's batch axes (data={mesh.shape['data']} × fsdp={mesh.shape['fsdp']})")
 
 
-def build_model_fns(config):
-    """The abstract model and its train/eval graph definitions (no parameters allocated)."""
-    name, overrides = config.model.name, model_overrides(config.model)
+def build_model_fns(config: Experiment | Any):
+    """The abstract model and its train/eval graph definitions (no parameters allocated), for an ``Experiment``
+    (a ``ConfigDict`` is validated into one first)."""
+    experiment = as_experiment(config)
+    config, arch = experiment.config, experiment.model
 
     def make(seed: int):
-        return finetune_lib.add_adapters(config, create_model(name, rngs=nnx.Rngs(seed), **overrides), seed)
+        return finetune_lib.add_adapters(config, create_from_config(arch, rngs=nnx.Rngs(seed)), seed)
 
     abstract = nnx.eval_shape(lambda: make(config.train.seed))
     abstract.train()
@@ -113,6 +115,8 @@ class Trainer:
     graphdef_eval: Any = None
     optim_config: Any = None      # config.optim with the fine-tuning mode's frozen parameters
     diagnostics: Callable | None = None   # jitted (params, batch) → train.diagnostics (classification), replicated
+    arch: Any = None              # the model's architecture config (config.model, validated), as built
+    data: Any = None              # the data section, validated: data.config.DataSettings
 
     def init_state(self) -> dict:
         """The initial train state, created already sharded; ``train.init_from`` weights replace the random ones."""
@@ -126,17 +130,20 @@ class Trainer:
         return jax.jit(self.init_fn, out_shardings=self.state_shardings)(params)
 
 
-def create_trainer(config, mesh, info=None) -> Trainer:
-    """Validate ``config`` against ``mesh`` and the dataset, and build the sharded, jitted steps. ``info``: the
-    dataset's ``DatasetInfo`` (default: read from the dataset; ``compile_for`` declares it from the config)."""
-    validate_train_config(config.train)
+def create_trainer(config: Experiment | Any, mesh, info=None) -> Trainer:
+    """Check the experiment ``config`` against ``mesh`` and the dataset, and build the sharded, jitted steps.
+    ``config``: an ``Experiment`` (``train.config.validate_experiment_config``), or a ``ConfigDict``, validated into
+    one here. ``info``: the dataset's ``DatasetInfo`` (default: read from the dataset; ``compile_for`` declares it
+    from the config)."""
+    experiment = as_experiment(config)
+    config = experiment.config
     tc = config.train
     _check_batch("batch_size", tc.batch_size, mesh)
     _check_batch("eval_batch_size", tc.eval_batch_size, mesh)
-    info = info if info is not None else data_lib.get_dataset_info(config.data)
-    _check_model_matches_data(config.model, info)
+    info = info if info is not None else data_lib.get_dataset_info(experiment.data)
+    _check_model_matches_data(experiment.model, info)
 
-    make_model, abstract_model, graphdef_train, graphdef_eval, abstract_params = build_model_fns(config)
+    make_model, abstract_model, graphdef_train, graphdef_eval, abstract_params = build_model_fns(experiment)
     task = tasks_lib.for_model(abstract_model, info.eval_split)
     optim_config = finetune_lib.optim_config(config, abstract_model)
     bundle = optim.build(optim_config, abstract_model, total_steps=tc.steps)
@@ -155,7 +162,7 @@ def create_trainer(config, mesh, info=None) -> Trainer:
     train_step = jax.jit(
         shard_lib.with_activation_sharding(
             make_train_step(graphdef_train, bundle.tx, bundle.schedule, optim_config=config.optim,
-                            data_config=config.data, num_classes=info.num_classes,
+                            data_config=experiment.data, num_classes=info.num_classes,
                             trainable_mask=bundle.trainable_mask, task=task), mesh, tc.sharding_rules),
         in_shardings=(shardings, batch_sharding), out_shardings=(shardings, shard_lib.replicated(mesh)),
         donate_argnums=(0,))
@@ -168,7 +175,7 @@ def create_trainer(config, mesh, info=None) -> Trainer:
                    if task.uses_labels else None)
     return Trainer(config, mesh, info, make_model, abstract_model, graphdef_train, bundle, param_sharding, shardings,
                    abstract_sharded, init_fn, train_step, eval_step, task=task, graphdef_eval=graphdef_eval,
-                   optim_config=optim_config, diagnostics=diagnostics)
+                   optim_config=optim_config, diagnostics=diagnostics, arch=experiment.model, data=experiment.data)
 
 
 def describe_architecture(config, n_params: int) -> dict:
@@ -189,7 +196,7 @@ def _architecture_line(arch: dict) -> str:
             f"(init {arch.get('init_values')}): {arch['parameters']:,} parameters")
 
 
-def train_and_evaluate(config, workdir, devices=None, *, restart: bool = False) -> dict:
+def train_and_evaluate(config: Experiment | Any, workdir, devices=None, *, restart: bool = False) -> dict:
     """Train ``config`` in ``workdir`` (local or any ``etils.epath`` path; resuming from its latest checkpoint) and
     return the final results.
 
@@ -197,8 +204,11 @@ def train_and_evaluate(config, workdir, devices=None, *, restart: bool = False) 
     without training; a workdir of a different config, a shorter ``train.steps`` than the run it holds, or an
     earlier run's logs without a checkpoint to resume are refused (``workdir.WorkdirError``). ``restart``
     (``--restart``): the earlier run's files are moved to ``<workdir>/previous/<time>/`` and training starts afresh.
+    ``config``: an ``Experiment`` (validated where it entered: the command line, ``api.fit``) or a ``ConfigDict``,
+    validated here.
     """
-    validate_experiment_config(config)
+    experiment = as_experiment(config)
+    config = experiment.config
     workdir = as_path(workdir, "workdir")
     cache = use_compilation_cache(config.train.compilation_cache_dir, workdir)
     is_primary = jax.process_index() == 0
@@ -209,14 +219,15 @@ def train_and_evaluate(config, workdir, devices=None, *, restart: bool = False) 
     _open_workdir(workdir, lock, restart, is_primary)
     try:
         with stop_signals:         # SIGTERM / Ctrl-C stop every process at one sync point (layerscale_jax.runtime)
-            return _train_and_evaluate(config, workdir, devices, is_primary)
+            return _train_and_evaluate(experiment, workdir, devices, is_primary)
     finally:
         lock.release()
 
 
-def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
+def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary) -> dict:
+    config = experiment.config
     tc = config.train
-    trainer = create_trainer(config, shard_lib.make_mesh(tc.mesh, devices))
+    trainer = create_trainer(experiment, shard_lib.make_mesh(tc.mesh, devices))
     arch = describe_architecture(config, _count_parameters(trainer.abstract_model))
     config_json = to_jsonable(config.to_dict())
     checkpointer = Checkpointer(workdir / "checkpoints", keep=tc.keep_checkpoints,
@@ -227,7 +238,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
     if is_primary:
         _describe(trainer, arch)
     start = _restore_or_init(trainer, checkpointer, workdir, is_primary)
-    batches = Batches(config, trainer.mesh, start.data_state)
+    batches = Batches(trainer, start.data_state)
     # The train step compiles here, before its first run: a stop signal during start-up, restore or this compile
     # (minutes for a large model on a pod) ends the job before that step, with nothing new to save.
     trainer.train_step.lower(start.state, batches.first).compile()
@@ -264,7 +275,7 @@ def _train_and_evaluate(config, workdir, devices, is_primary) -> dict:
     return results
 
 
-def train_and_record(config) -> dict:
+def train_and_record(config: Experiment | Any) -> dict:
     """The record mode of the loop, for a study's runs (``experiments/``): train ``config`` without a workdir (no
     checkpoints, no logs: a run is short, and its record is its result) and return its record.
 
@@ -278,16 +289,18 @@ def train_and_record(config) -> dict:
     ``test`` or ``val``, ``tasks.metric_prefix``); ``final_train_loss`` (NaN if diverged); ``diverged``,
     ``diverged_at_step``; ``steps``; ``seconds`` and ``timing`` (setup, first step with its compilation, per later
     step, evaluations); ``train_loss_curve`` ([step, mean loss of the window's finite steps] per logging window) and
-    ``evaluations`` (dicts with ``step``, the task's metrics and the diagnostics)."""
+    ``evaluations`` (dicts with ``step``, the task's metrics and the diagnostics). ``config``: an ``Experiment``
+    or a ``ConfigDict``, validated here."""
     started = time.time()
-    tc = config.train
-    trainer = create_trainer(config, shard_lib.make_mesh(tc.mesh))
+    experiment = as_experiment(config)
+    tc = experiment.config.train
+    trainer = create_trainer(experiment, shard_lib.make_mesh(tc.mesh))
     end = min(tc.steps, tc.stop_after_steps or tc.steps)
     state = trainer.init_state()
     guard = NonFiniteGuard("stop")
     evaluation = Evaluation(trainer, end=end)
     record = RunRecord(trainer.task, tc.log_every, end=end, started=started)
-    with Batches(config, trainer.mesh) as batches:
+    with Batches(trainer) as batches:
         record.evaluated(0, {}, evaluation.diagnostics(state))                 # at initialisation
         record.setup_done()
         state, step, _ = _loop(trainer, state, 0, end, batches=batches, log=record, guard=guard,

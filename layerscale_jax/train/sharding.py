@@ -30,21 +30,9 @@ from layerscale_jax.data.sharding import BATCH_AXES, batch_sharding  # noqa: F40
 from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.params import is_variable, logical_axes, map_variables
 from layerscale_jax.layers.partitioning import activation_sharding, logical_to_spec
-
-MESH_AXES = ("data", "fsdp", "tensor")
-# Parallelism across slices (TPU multi-slice, over the data-centre network) or, where devices carry no slice, across
-# processes: ``mesh.dcn_<axis>`` granules along each axis (MaxText's ``dcn_*``), ``mesh.<axis>`` devices within one.
-DCN_AXES = tuple(f"dcn_{axis}" for axis in MESH_AXES)
-MESH_FIELDS = MESH_AXES + DCN_AXES
-
-# Default logical → mesh axis rules: FSDP over the embedding dimension, tensor parallelism over heads and MLP.
-DEFAULT_RULES = (
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("mlp", "tensor"),
-    ("classes", None),
-    ("layers", None),
-)
+# The mesh's axes and the default rules are fields of config.train, checked there (no jax).
+from layerscale_jax.train.config import (DCN_AXES, DEFAULT_RULES, MESH_AXES, MESH_FIELDS,  # noqa: F401 - re-exported
+                                         validate_mesh_config)
 
 
 def granules(devices: Sequence[Any]) -> tuple[str, list[list[Any]]]:
@@ -56,28 +44,6 @@ def granules(devices: Sequence[Any]) -> tuple[str, list[list[Any]]]:
     for d in devices:
         groups.setdefault(getattr(d, attribute), []).append(d)
     return kind, [groups[k] for k in sorted(groups)]
-
-
-def _sizes(mesh_config: Mapping[str, int], fields: Sequence[str], allow_fill: bool) -> dict[str, int]:
-    sizes = {}
-    for field in fields:
-        value = mesh_config.get(field, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and not (allow_fill and value == -1)):
-            raise ConfigError(f"train.mesh.{field}={value!r} must be a positive integer"
-                              + (" or -1 (the remaining devices)" if allow_fill else ""))
-        sizes[field] = value
-    return sizes
-
-
-def validate_mesh_config(mesh_config: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
-    """``config.train.mesh`` checked field by field: ``data``, ``fsdp``, ``tensor`` positive integers or -1 (at
-    most one), ``dcn_*`` positive integers. Returns ``(within-granule sizes, dcn_* sizes)``."""
-    ici = _sizes(mesh_config, MESH_AXES, allow_fill=True)
-    dcn = _sizes(mesh_config, DCN_AXES, allow_fill=False)
-    fill = [a for a in MESH_AXES if ici[a] == -1]
-    if len(fill) > 1:
-        raise ConfigError(f"train.mesh: at most one of data, fsdp, tensor may be -1, got {', '.join(fill)} = -1")
-    return ici, dcn
 
 
 def mesh_devices(mesh_config: Mapping[str, int], devices: Sequence[Any]) -> np.ndarray:

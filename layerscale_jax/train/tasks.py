@@ -145,7 +145,7 @@ def reconstruction_images(trainer, params) -> np.ndarray:
 
     config, mesh = trainer.config, trainer.mesh
     size = config.train.eval_batch_size
-    iterator = data_lib.make_eval_iterator(config.data, global_batch_size=size, rows=process_batch_rows(mesh, size))
+    iterator = data_lib.make_eval_iterator(trainer.data, global_batch_size=size, rows=process_batch_rows(mesh, size))
     try:
         batch = data_lib.to_global_batch(next(iter(iterator)), mesh, size)
     finally:

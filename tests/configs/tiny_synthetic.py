@@ -1,9 +1,8 @@
 """A seconds-long training run on synthetic data for the train-loop tests (and a quick smoke run)."""
 import ml_collections
 
-from layerscale_jax.data.config import default_data_config
-from layerscale_jax.optim import default_config as default_optim_config
-from layerscale_jax.train.config import default_train_config, model_section, parse_config_arg
+from layerscale_jax.config_defaults import (default_data_config, default_optim_config, default_train_config,
+                                            model_section, parse_config_arg)
 
 
 def get_config(arg=None):
