@@ -243,8 +243,8 @@ def test_the_write_ups_verdicts_quote_the_committed_claims(path):
             if {verdicts[k] for k in parts} == {"not tested"}:          # runs missing: the write-up says so
                 assert row[column].startswith("not tested") and not quoted, row
                 continue
-            if any(verdicts[k].startswith("interim") for k in parts):   # part of the claim tested: no verdict
-                assert row[column].startswith("interim"), row
+            interim = any(verdicts[k].startswith("interim") for k in parts)   # part of the claim tested: no verdict
+            assert row[column].startswith("interim") == interim, row
             assert quoted, row
             tests = [d for k in parts for d in _differences(sections[k].split("| outcome |")[1])]
             for difference in quoted:
