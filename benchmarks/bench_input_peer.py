@@ -24,6 +24,12 @@ all alike):
                    big_vision's default) and cast back to uint8 (big_vision's resize op), flipped, normalised;
                    `map(num_parallel_calls=W)` on a private thread pool of W threads, `batch`, `prefetch(2)`.
   tfdata_bicubic   the same with our resize filter (bicubic, antialiased), so the two sides do equal work.
+  tfdata_deit3     tfdata_bicubic + DeiT III's 3-Augment and colour jitter 0.3 written with TensorFlow ops, the work
+                   ours_deit3 does: per image one of grayscale, solarize (threshold 128) or a Gaussian blur
+                   (σ ~ U(0.1, 2), separable, 13 taps), then brightness, contrast (against the mean luma) and
+                   saturation blends with factors ~ U(0.7, 1.3), in float32 and cast to uint8 once at the end (ours
+                   rounds to uint8 after each op, as torchvision's PIL path does; the order of the three blends,
+                   random per image in ours, is fixed here: the same work).
 
 Every process runs with the malloc settings of the train entry point (`layerscale_jax.runtime`: huge pages).
 W workers: grain worker processes for ours (`data.num_workers`, prefetch 2; threads for the *_threads contenders),
@@ -32,9 +38,10 @@ worker processes) over the timed batches, read from /proc, so images per CPU-sec
 used. `--baseline DIR` adds `ours_base@baseline` and `ours_deit3@baseline` contenders that import `layerscale_jax`
 from DIR (an earlier commit exported with `git archive COMMIT layerscale_jax | tar -x -C DIR`), in the same rounds.
 Printed and saved: medians over rounds per contender and worker count; ours / tf.data per CPU-second and in
-wall-clock images/s (`PEERS`: ours_base(_threads) against tfdata_base and tfdata_bicubic, the others against
-tfdata_base); the wall-clock speedup from the fewest to the most workers. Results go to
-benchmarks/results/input_peer_<machine>_<date>.json (<machine>: `bench.entries.results_name`, the CPU kind).
+wall-clock images/s (`PEERS`: ours_base(_threads) against tfdata_base and tfdata_bicubic, ours_deit3(_threads)
+against tfdata_base and tfdata_deit3, the bilinear ones against tfdata_base); the wall-clock speedup from the
+fewest to the most workers. Results go to benchmarks/results/input_peer_<machine>_<date>.json (<machine>:
+`bench.entries.results_name`, the CPU kind).
 """
 
 import argparse
@@ -50,12 +57,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE, CROP_SCALE, CROP_RATIO = 224, (0.08, 1.0), (3 / 4, 4 / 3)
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CONTENDERS = ("tfdata_base", "ours_base", "ours_base_threads", "ours_bilinear", "ours_bilinear_threads", "ours_deit3",
-              "ours_deit3_threads", "tfdata_bicubic")
+              "ours_deit3_threads", "tfdata_bicubic", "tfdata_deit3")
 # ours / tf.data per CPU-second and wall clock: each of ours against the peer doing the same work, and against
 # big_vision's own recipe (tfdata_base).
 PEERS = {"ours_base": ("tfdata_base", "tfdata_bicubic"), "ours_base_threads": ("tfdata_base", "tfdata_bicubic"),
-         "ours_bilinear": ("tfdata_base",), "ours_bilinear_threads": ("tfdata_base",), "ours_deit3": ("tfdata_base",),
-         "ours_deit3_threads": ("tfdata_base",)}
+         "ours_bilinear": ("tfdata_base",), "ours_bilinear_threads": ("tfdata_base",),
+         "ours_deit3": ("tfdata_base", "tfdata_deit3"), "ours_deit3_threads": ("tfdata_base", "tfdata_deit3")}
 
 
 # ----------------------------------------------------------------------------------------------- one measurement
@@ -123,7 +130,7 @@ def tfdata(variant, workers, batch, jpeg_shape, num_records):
 
     from layerscale_jax.data.sources import SyntheticSource
 
-    bicubic = variant == "bicubic"
+    bicubic, deit3 = variant in ("bicubic", "deit3"), variant == "deit3"
 
     pool = SyntheticSource("train", num_records, SIZE, 3, 10, tuple(jpeg_shape))._make_jpeg_pool()
     records = tf.constant(pool)
@@ -140,7 +147,35 @@ def tfdata(variant, workers, batch, jpeg_shape, num_records):
         image = tf.image.resize(image, [SIZE, SIZE], method="bicubic" if bicubic else "bilinear", antialias=bicubic)
         image = tf.cast(tf.clip_by_value(image, 0, 255), tf.uint8)  # big_vision's resize op casts back
         image = tf.image.stateless_random_flip_left_right(image, seed + 1)
+        if deit3:
+            image = tf.cast(three_augment_and_jitter(tf.cast(image, tf.float32), seed + 2), tf.uint8)
         return (tf.cast(image, tf.float32) / 255.0 - mean) / std
+
+    luma_weights = tf.constant([0.299, 0.587, 0.114], tf.float32)          # PIL's "L" conversion
+
+    def luma(image):
+        return tf.reduce_sum(image * luma_weights, axis=-1, keepdims=True)
+
+    def blur(image, sigma):
+        taps = tf.range(-6, 7, dtype=tf.float32)
+        kernel = tf.exp(-0.5 * (taps / sigma) ** 2)
+        kernel = tf.tile((kernel / tf.reduce_sum(kernel))[:, None, None], [1, 3, 1])      # [13, channels, 1]
+        x = tf.pad(image[None], [[0, 0], [6, 6], [6, 6], [0, 0]], mode="REFLECT")
+        x = tf.nn.depthwise_conv2d(x, kernel[:, None], [1, 1, 1, 1], "VALID")           # along rows
+        x = tf.nn.depthwise_conv2d(x, kernel[None], [1, 1, 1, 1], "VALID")              # along columns
+        return x[0]
+
+    def three_augment_and_jitter(image, seed):
+        choice = tf.random.stateless_uniform([], seed, 0, 3, tf.int32)
+        sigma = tf.random.stateless_uniform([], seed + 1, 0.1, 2.0)
+        image = tf.switch_case(choice, [lambda: tf.tile(luma(image), [1, 1, 3]),
+                                        lambda: tf.where(image < 128.0, image, 255.0 - image),
+                                        lambda: blur(image, sigma)])
+        factors = tf.random.stateless_uniform([3], seed + 2, 0.7, 1.3)
+        image = tf.clip_by_value(image * factors[0], 0.0, 255.0)                            # brightness
+        image = tf.clip_by_value((image - tf.reduce_mean(luma(image))) * factors[1]
+                                 + tf.reduce_mean(luma(image)), 0.0, 255.0)                # contrast
+        return tf.clip_by_value((image - luma(image)) * factors[2] + luma(image), 0.0, 255.0)   # saturation
 
     options = tf.data.Options()
     options.threading.private_threadpool_size = workers
