@@ -5,13 +5,22 @@ cache per host (each process its own directory, the per-host default of ``train.
                                          [-- --config.model.depth=12 ...]
 
 JAX writes cache entries from process 0 only. A 2-process job (``--coordinator_address`` on this machine, 2 CPU
-devices each, gloo collectives) is trained to its first checkpoint twice, once with each cache layout, filling the
-caches as a first job would. Then, in fresh processes, each checkpoint is resumed for one step
-(``train.stop_after_steps=1``), alternating the layouts round by round. The time of a restart is from the launch
-to the console line of the first step after the restore, on process 0 (it prints the progress): the pod steps when
-its slowest process is ready, so process 1 recompiling with a per-host cache keeps process 0 waiting at the first
-collective. Prints the CPU kind and the load, every round and the medians; ``--json`` writes them. A benchmark, not
-a test: run it on a quiet machine.
+devices each, gloo collectives) is trained to its first checkpoint once per cache layout, filling the caches as a
+first job would. Then, in fresh processes, each checkpoint is resumed for one step (``train.stop_after_steps=1``),
+the layouts in turn, their order reversed every other round. The layouts:
+
+- ``per_host``: each process its own directory (process 1's stays empty);
+- ``shared``: one directory, JAX's own cache keys. On CPU these differ between the processes (their
+  ``accelerator_config`` component hashes XLA's CPU topology, which lists the calling process's devices with its
+  process index: ``layerscale_jax.bench.cache_keys``), so process 1 finds none of process 0's entries and this
+  layout saves process 1 nothing here;
+- ``shared_pod_keys``: one directory, and keys without the process index (``python -m
+  layerscale_jax.bench.cache_keys``), as every host of a TPU slice computes them: what a pod's shared cache gives.
+
+The time of a restart is from the launch to the console line of the first step after the restore, on process 0 (it
+prints the progress): the pod steps when its slowest process is ready, so process 1 compiling keeps process 0
+waiting at the first collective. Prints the CPU kind and the load, every round side by side and the medians;
+``--json`` writes them. A benchmark, not a test: run it on a quiet machine.
 """
 from __future__ import annotations
 
@@ -38,26 +47,32 @@ def child_env() -> dict:
     return env
 
 
-def run_job(config: str, workdir: str, caches: list[str], extra: list[str], timeout: float, step: int) -> float:
-    """Start the 2 processes; seconds from their launch to process 0's console line of ``step``."""
+def run_job(config: str, workdir: str, caches: list[str], extra: list[str], timeout: float, step: int,
+            module: str = "layerscale_jax.train") -> float:
+    """Start the 2 processes (``python -m module``); seconds from their launch to process 0's console line of
+    ``step``."""
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
+    log = tempfile.TemporaryFile("w+")               # process 1's stderr: a pipe nobody reads could fill and stall it
     start = time.perf_counter()
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "layerscale_jax.train", f"--config={config}", f"--workdir={workdir}",
+        [sys.executable, "-m", module, f"--config={config}", f"--workdir={workdir}",
          f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}",
          f"--config.train.compilation_cache_dir={caches[i]}", *extra],
-        env=child_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+        env=child_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE if i == 0 else log, text=True)
+        for i in range(2)]
     seen, tail = None, []
     for line in procs[0].stderr:
         tail = (tail + [line])[-20:]
         if seen is None and f"] {step}/" in line:
             seen = time.perf_counter() - start
     codes = [p.wait(timeout=timeout) for p in procs]
+    log.seek(0)
+    other = log.read()[-3000:]
+    log.close()
     if any(codes) or seen is None:
-        raise RuntimeError(f"the 2-process job in {workdir} failed (exit {codes}):\n{''.join(tail)}"
-                           f"{procs[1].stderr.read()[-3000:]}")
+        raise RuntimeError(f"the 2-process job in {workdir} failed (exit {codes}):\n{''.join(tail)}{other}")
     return seen
 
 
@@ -71,23 +86,27 @@ def main(argv=None) -> dict:
     parser.add_argument("overrides", nargs="*", help="--config.X=V flags for every run (after --)")
     args = parser.parse_args(argv)
 
+    load_before = load_average()
     scratch = tempfile.mkdtemp(prefix="bench_pod_cache_")
     step = args.checkpoint_step
     common = [f"--config.train.checkpoint_every={step}", "--config.train.log_every=1", "--config.train.eval_every=0",
               *args.overrides]
-    layouts = {"shared": [os.path.join(scratch, "shared")] * 2,
-               "per_host": [os.path.join(scratch, f"host{i}") for i in range(2)]}
+    layouts = {"per_host": [os.path.join(scratch, f"host{i}") for i in range(2)],
+               "shared": [os.path.join(scratch, "shared")] * 2,
+               "shared_pod_keys": [os.path.join(scratch, "shared_pod_keys")] * 2}
+    modules = {name: "layerscale_jax.train" for name in layouts}
+    modules["shared_pod_keys"] = "layerscale_jax.bench.cache_keys"
     try:
         for name, caches in layouts.items():       # the first job of each layout: trains to step, fills its caches
             run_job(args.config, os.path.join(scratch, f"prepared_{name}"), caches,
-                    [*common, f"--config.train.stop_after_steps={step}"], args.timeout, step)
+                    [*common, f"--config.train.stop_after_steps={step}"], args.timeout, step, modules[name])
         rounds = {name: [] for name in layouts}
         for i in range(args.rounds):
             for name in (list(layouts) if i % 2 == 0 else list(layouts)[::-1]):
                 workdir = os.path.join(scratch, f"{name}_{i}")
                 shutil.copytree(os.path.join(scratch, f"prepared_{name}"), workdir)
                 seconds = run_job(args.config, workdir, layouts[name], [*common, "--config.train.stop_after_steps=1"],
-                                  args.timeout, step + 1)
+                                  args.timeout, step + 1, modules[name])
                 rounds[name].append(round(seconds, 2))
                 shutil.rmtree(workdir)
         entries = {name: [len(os.listdir(c)) if os.path.isdir(c) else 0 for c in caches]
@@ -97,18 +116,23 @@ def main(argv=None) -> dict:
 
     result = {"benchmark": "time to the first step of a restarted 2-process job", "config": args.config,
               "overrides": args.overrides, "date": time.strftime("%Y-%m-%d"), "cpu": cpu_model(),
-              "cpu_threads": len(os.sched_getaffinity(0)), "load_average": load_average(),
+              "cpu_threads": len(os.sched_getaffinity(0)), "load_average_before": load_before,
+              "load_average": load_average(),
               "cache_entries_per_process": entries, "seconds": rounds,
               "median_s": {k: statistics.median(v) for k, v in rounds.items()}}
-    result["speedup"] = round(result["median_s"]["per_host"] / result["median_s"]["shared"], 2)
-    print(f"CPU: {result['cpu']} ({result['cpu_threads']} threads), load {result['load_average']}")
+    result["speedup_over_per_host"] = {k: round(result["median_s"]["per_host"] / v, 2)
+                                       for k, v in result["median_s"].items() if k != "per_host"}
+    names = list(layouts)
+    print(f"CPU: {result['cpu']} ({result['cpu_threads']} threads), load average {load_before} before, "
+          f"{result['load_average']} after")
     print(f"config: {args.config} {' '.join(args.overrides)}; 2 processes × 2 CPU devices, restart from step {step}")
     print(f"cache entries per process: {entries}")
-    print(f"{'':15}{'shared':>12}{'per host':>12}")
+    print(f"{'':15}" + "".join(f"{n:>18}" for n in names))
     for i in range(args.rounds):
-        print(f"{'round ' + str(i):15}{rounds['shared'][i]:>11.2f}s{rounds['per_host'][i]:>11.2f}s")
-    print(f"{'median':15}{result['median_s']['shared']:>11.2f}s{result['median_s']['per_host']:>11.2f}s"
-          f"   ({result['speedup']}× faster to the first step with a shared cache)")
+        print(f"{'round ' + str(i):15}" + "".join(f"{rounds[n][i]:>17.2f}s" for n in names))
+    print(f"{'median':15}" + "".join(f"{result['median_s'][n]:>17.2f}s" for n in names))
+    print("faster to the first step than per host: " + ", ".join(
+        f"{k} {v}×" for k, v in result["speedup_over_per_host"].items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -31,7 +31,8 @@ What GCS does, and ``FakeBucket`` with it (a local disk does none of these):
 
 ``python tests/cloud_bucket.py ROOT [--kill_at_save=N] TRAIN_ARGS...`` runs the train CLI inside the fake; with
 ``--kill_at_save=N`` the process kills itself with SIGKILL when the loop asks for the save of step N, once the
-previous save is complete.
+previous save is complete; with ``--pod_cache_keys`` the processes of a CPU job share compilation-cache keys as a
+pod's hosts do (``layerscale_jax.bench.cache_keys``).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ import time
 from unittest import mock
 
 PREFIX = "gs://"
+POD_CACHE_KEYS = "--pod_cache_keys"
 
 
 class Killed(BaseException):
@@ -257,6 +259,9 @@ if __name__ == "__main__":
     kill = [a for a in args if a.startswith("--kill_at_save=")]
     if kill:
         _kill_at_save(int(kill[0].split("=", 1)[1]))
+    if POD_CACHE_KEYS in args:
+        from layerscale_jax.bench.cache_keys import use_process_invariant_cpu_cache_keys
+        use_process_invariant_cpu_cache_keys()
     from layerscale_jax.train.__main__ import run_job
     with cloud_bucket(bucket_root):
-        sys.exit(run_job([a for a in args if a not in kill]))
+        sys.exit(run_job([a for a in args if a not in kill and a != POD_CACHE_KEYS]))

@@ -216,8 +216,8 @@ def test_optimizer_entry_times_the_trainer_optimizer_against_plain_adamw_and_rep
 
 
 # Each bench module may import only modules listed before it (at module level or inside a function).
-IMPORT_ORDER = ("timing", "flops", "timm_worker", "peer", "step", "op_profile", "trainer", "report", "entries", "cli",
-                "__main__")
+IMPORT_ORDER = ("cache_keys", "timing", "flops", "timm_worker", "peer", "step", "op_profile", "trainer", "report",
+                "entries", "cli", "__main__")
 
 
 def bench_imports(path: Path) -> set[str]:
