@@ -216,10 +216,13 @@ def test_a_non_finite_update_never_reaches_the_parameters():
 
 
 def test_workdir_files_go_through_epath_so_gs_urls_work(tmp_path, monkeypatch):
-    """gs:// served from a local folder by etils' mock: the lock, the stored config, the metrics log and the
-    checkpoint checksums use epath only (a direct os call would write to a local 'gs:' folder or fail)."""
+    """gs:// served from a local folder by etils' mock: the stored config, the metrics log and the checkpoint
+    checksums use epath only (a direct os call would write to a local 'gs:' folder or fail); the lock goes through
+    TensorStore's kvstore for the bucket (its exclusive create), here a ``file`` kvstore in the folder."""
     from etils.epath import gpath, testing as epath_testing
+    from orbax.checkpoint._src.path import gcs_utils
     monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)     # else gs:// goes to TensorFlow's gfile
+    monkeypatch.setattr(gcs_utils, "get_kvstore_for_gcs", lambda path: {"driver": "file", "path": local(path)})
 
     def local(path):
         text = os.fspath(path)

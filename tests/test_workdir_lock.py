@@ -1,12 +1,14 @@
 """The workdir lock (``train.workdir_lock``): a requeue onto a new host takes over a lock whose heartbeat expired, a
 requeue of the same scheduler job takes over its earlier run's lock at once, a live lock refuses, an empty or
 garbled lock is taken over in one line (no RecursionError, also through ``lsj.fit``), a failed write leaves no
-lock, and the lock's release never hides the error that ended a run."""
+lock, the lock's release never hides the error that ended a run, and on ``gs://`` the lock object is created,
+taken over, renewed and removed under a generation precondition (of two racing jobs exactly one wins)."""
 import errno
 import json
 import logging
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -14,8 +16,10 @@ import pytest
 import layerscale_jax as lsj
 from layerscale_jax.train import loop as loop_lib
 from layerscale_jax.train.workdir import WorkdirError
-from layerscale_jax.train.workdir_lock import HEARTBEAT_SECONDS, STALE_AFTER_HEARTBEATS, WorkdirLock, scheduler_job
+from layerscale_jax.train.workdir_lock import (HEARTBEAT_SECONDS, STALE_AFTER_HEARTBEATS, ObjectLockFile, WorkdirLock,
+                                               scheduler_job)
 
+from cloud_bucket import cloud_bucket
 from test_train import tiny_config
 
 NOW = 1_800_000_000.0                     # the tests' clock: no test waits for real time
@@ -171,3 +175,93 @@ def test_the_locks_release_never_hides_the_error_that_ended_the_run(tmp_path, mo
     lock = WorkdirLock(workdir)                  # same process: its own lock; another host: after its heartbeat
     lock.acquire()
     lock.release()
+
+
+def test_a_gs_lock_goes_through_tensorstores_gcs_driver_with_a_generation_precondition(tmp_path):
+    """The code path of a real bucket: TensorStore's ``gcs`` kvstore, whose write with the no-object generation is
+    GCS's ``ifGenerationMatch=0`` (the fake bucket only swaps the driver for a ``file`` kvstore in its folder, which
+    enforces the same preconditions)."""
+    assert ObjectLockFile("gs://bucket/run/lock.json")._spec == {"driver": "gcs", "bucket": "bucket",
+                                                                 "path": "run/lock.json"}
+    with cloud_bucket(tmp_path):
+        lock = ObjectLockFile("gs://bucket/run/lock.json")
+        assert lock.read() == (None, ObjectLockFile.NO_OBJECT)
+        first = lock.write(b"A", ObjectLockFile.NO_OBJECT)
+        assert first and lock.write(b"B", ObjectLockFile.NO_OBJECT) is None           # create-only
+        assert lock.read() == (b"A", first)
+        second = lock.write(b"C", first)
+        assert second and lock.write(b"D", first) is None                               # compare-and-swap
+        assert not lock.delete(first) and lock.read()[0] == b"C"
+        assert lock.delete(second) and lock.read()[0] is None
+    assert (tmp_path / "bucket" / "run").is_dir() and not (tmp_path / "bucket" / "run" / "lock.json").exists()
+
+
+def race(tmp_path, *, stale=None):
+    """Two jobs acquire the lock of ``gs://bucket/run``: ``late`` looks first (no lock, or the ``stale`` one) but
+    writes only after ``early`` has acquired it — the interleaving where a last-write-wins lock lets both in."""
+    with cloud_bucket(tmp_path):
+        if stale is not None:
+            (tmp_path / "bucket" / "run").mkdir(parents=True)
+            (tmp_path / "bucket" / "run" / "lock.json").write_text(stale)
+        early = WorkdirLock("gs://bucket/run", clock=lambda: NOW, environ={"SLURM_JOB_ID": "1"})
+        late = WorkdirLock("gs://bucket/run", clock=lambda: NOW, environ={"SLURM_JOB_ID": "2"})
+        looked, early_done, outcome = threading.Event(), threading.Event(), {}
+        write = late._object.write
+
+        def write_after_early(*args):
+            looked.set()
+            early_done.wait(60)
+            return write(*args)
+
+        late._object.write = write_after_early
+
+        def acquire_late():
+            try:
+                late.acquire()
+                outcome["late"] = "acquired"
+            except WorkdirError as err:
+                outcome["late"] = str(err)
+
+        thread = threading.Thread(target=acquire_late)
+        thread.start()
+        assert looked.wait(60)
+        early.acquire()
+        early_done.set()
+        thread.join(60)
+        stored = json.loads((tmp_path / "bucket" / "run" / "lock.json").read_text())
+        early.release()
+        late.release()
+    return early, outcome["late"], stored
+
+
+@pytest.mark.parametrize("stale", [None, "", json.dumps({"host": "gone-host", "pid": 1, "token": "theirs",
+                                                           "heartbeat": utc(NOW - 3600), "heartbeat_every": 60})],
+                         ids=["no lock", "an empty lock", "an expired lock"])
+def test_of_two_jobs_racing_for_a_gs_lock_exactly_one_wins_and_the_other_names_it(tmp_path, stale, capsys):
+    early, late, stored = race(tmp_path, stale=stale)
+    assert late.startswith(f"workdir gs://bucket/run is in use by process {os.getpid()} on host "
+                           f"{socket.gethostname()}")
+    assert "delete gs://bucket/run/lock.json if that job is gone" in late
+    assert stored["token"] == early._token and stored["job"]["id"] == "1"
+    assert not (tmp_path / "bucket" / "run" / "lock.json").exists()          # released by its holder
+
+
+def test_a_gs_lock_taken_over_stops_the_old_holders_heartbeat_and_is_not_removed_by_it(tmp_path, caplog):
+    clock = [NOW]
+    with cloud_bucket(tmp_path):
+        old = WorkdirLock("gs://bucket/run", clock=lambda: clock[0], environ={})
+        old.acquire()
+        clock[0] += 60
+        assert old.beat() and json.loads((tmp_path / "bucket/run/lock.json").read_text())["heartbeat"] == utc(NOW + 60)
+        old._record["host"] = "lost-vm"                            # as another host would see it after a hard kill
+        old._record["heartbeat"] = utc(NOW - 3600)
+        old._generation = old._object.write(json.dumps(old._record).encode(), old._generation)
+        new = WorkdirLock("gs://bucket/run", clock=lambda: clock[0], environ={})
+        new.acquire()
+        with caplog.at_level(logging.WARNING):
+            assert not old.beat()
+        assert f"taken over by process {os.getpid()} on host {socket.gethostname()}" in caplog.text
+        old.release()
+        assert json.loads((tmp_path / "bucket/run/lock.json").read_text())["token"] == new._token
+        new.release()
+        assert not (tmp_path / "bucket/run/lock.json").exists()

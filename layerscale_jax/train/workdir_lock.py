@@ -20,11 +20,19 @@ A job that finds a lock takes it over, with one line saying why, when its holder
 Otherwise the job stops in one line naming the holder and when the lock expires. A different job id alone is no
 evidence: two jobs of one user may share a workdir by mistake, which is what the lock is for.
 
-The lock is written whole: on a local or network filesystem beside the target and then hard-linked into place
-(an exclusive create: of two jobs starting at once one wins) or renamed over a lock taken over; on an object store
-as one object, read back to check that this job's write is the one that stayed. ``release`` never raises: a lock
-that cannot be removed (the workdir became unwritable) is left with a warning, and the next run takes it over
-(dead process, or expired heartbeat), so the error that ended the run stays the one reported.
+The lock is written whole, and exclusively: of two jobs starting at once (or taking over one stale lock at once)
+exactly one wins and the other stops with the "in use" error naming the winner.
+
+- On a local or network filesystem it is written beside the target and hard-linked into place (``link`` fails
+  when the target exists) or renamed over a lock taken over.
+- On ``gs://`` it is one object written with a generation precondition (``ObjectLockFile``): created with
+  ``ifGenerationMatch=0`` (only if no object exists), taken over, renewed and removed only if the object is still the
+  generation this job read or wrote last, so GCS itself refuses the loser's write (412) instead of the last write
+  winning.
+
+``release`` never raises: a lock that cannot be removed (the workdir became unwritable) is left with a warning, and
+the next run takes it over (dead process, or expired heartbeat), so the error that ended the run stays the one
+reported.
 """
 from __future__ import annotations
 
@@ -71,6 +79,46 @@ def _parse_utc(text) -> float | None:
         return None
 
 
+class ObjectLockFile:
+    """An object on a bucket (``gs://``) written and deleted only under a generation precondition, through
+    TensorStore's kvstore for the bucket — the one orbax writes the checkpoints' arrays with
+    (``gcs_utils.get_kvstore_for_gcs``: the ``gcs`` driver, or ``gcs_grpc`` with ``TENSORSTORE_GCS_BACKEND``).
+
+    Every object has a generation, and a write or delete given ``if_equal=G`` happens only if the object's current
+    generation is ``G``; ``NO_OBJECT`` (TensorStore's ``StorageGeneration::NoValue``) sends ``ifGenerationMatch=0``:
+    only if there is no object. A failed precondition (GCS answers 412) comes back as an empty generation, not an
+    error. Storage failures raise ``OSError``."""
+
+    NO_OBJECT = b"\x02"
+
+    def __init__(self, path):
+        import tensorstore as ts
+        from orbax.checkpoint._src.path import gcs_utils
+
+        self._spec = gcs_utils.get_kvstore_for_gcs(os.fspath(path))
+        self._open = ts.KvStore.open
+
+    def _call(self, what: str, operation):
+        try:
+            return operation(self._open(self._spec).result()).result()
+        except ValueError as err:                  # TensorStore's I/O failures (absl status errors)
+            raise OSError(f"{what} failed: {err}") from err
+
+    def read(self) -> tuple[bytes | None, bytes]:
+        """``(content, generation)``; ``(None, NO_OBJECT)`` when there is no object."""
+        result = self._call("reading", lambda store: store.read(""))
+        return (result.value if result.state == "value" else None), result.stamp.generation
+
+    def write(self, data: bytes, if_generation: bytes) -> bytes | None:
+        """Write the whole object if its generation is ``if_generation``: the new generation, or None when the
+        precondition failed (another writer came first)."""
+        return self._call("writing", lambda store: store.write("", data, if_equal=if_generation)).generation or None
+
+    def delete(self, if_generation: bytes) -> bool:
+        """Delete the object if its generation is ``if_generation``; False when the precondition failed."""
+        return bool(self._call("deleting", lambda store: store.write("", None, if_equal=if_generation)).generation)
+
+
 class WorkdirLock:
     """``<workdir>/lock.json`` held by process 0 of the running job (see the module docstring).
 
@@ -88,14 +136,23 @@ class WorkdirLock:
         self._stop_heartbeat = threading.Event()
         self._thread: threading.Thread | None = None
         self._record: dict | None = None
+        self._object = ObjectLockFile(self.path) if is_url(self.path) else None
+        self._seen: bytes | None = None              # on gs://: the lock object's generation when last read
+        self._generation: bytes | None = None        # on gs://: the generation this job wrote last
 
     # -- reading -------------------------------------------------------------------------------------------------
     def _read(self) -> tuple[dict | None, str | None]:
         """``(holder, None)``, ``(None, None)`` when there is no lock, ``(None, what is wrong)`` for a damaged one."""
-        try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            return None, None
+        if self._object is not None:
+            data, self._seen = self._object.read()
+            if data is None:
+                return None, None
+            text = data.decode("utf-8", "replace")
+        else:
+            try:
+                text = self.path.read_text()
+            except FileNotFoundError:
+                return None, None
         if not text.strip():
             return None, "empty"
         try:
@@ -175,16 +232,22 @@ class WorkdirLock:
     def _write(self, replace: bool) -> None:
         text = json.dumps(self._record)
         try:
-            if is_url(self.path):
-                self.path.write_text(text)
+            if self._object is not None:
+                self._write_object(text, replace)
             else:
                 self._write_local(text, replace)
         except OSError as err:
             raise WorkdirError(f"--workdir {self.path.parent} cannot be written ({_cause(err)}); give a directory "
                                "this user can write") from err
-        holder, _ = self._read()                   # the other of two jobs that wrote at once: the last write stays
-        if holder is None or holder.get("token") != self._token:
+
+    def _write_object(self, text: str, replace: bool) -> None:
+        """Create the object only if there is none, or replace exactly the lock this job read (``_read`` kept its
+        generation); losing either race to another job is its "in use" error."""
+        generation = self._object.write(text.encode(), self._seen if replace else ObjectLockFile.NO_OBJECT)
+        if generation is None:
+            holder, _ = self._read()
             raise self._in_use(holder or {})
+        self._generation = generation
 
     def _write_local(self, text: str, replace: bool) -> None:
         tmp = os.fspath(self.path) + f".{self._token}.tmp"
@@ -206,14 +269,22 @@ class WorkdirLock:
     # -- heartbeat and release -----------------------------------------------------------------------------------
     def beat(self) -> bool:
         """Renew the heartbeat once; False (with a warning) when another job has taken the lock over."""
-        holder, _ = self._read()
-        if holder is None or holder.get("token") != self._token:
-            log.warning("%s was taken over by process %s on host %s: this job no longer holds the workdir", self.path,
-                        (holder or {}).get("pid"), (holder or {}).get("host"))
-            return False
-        self._record["heartbeat"] = _utc(self._clock())
-        write_text_atomically(self.path, json.dumps(self._record))
-        return True
+        if self._object is not None:
+            record = dict(self._record, heartbeat=_utc(self._clock()))
+            generation = self._object.write(json.dumps(record).encode(), self._generation)
+            if generation is not None:
+                self._record, self._generation = record, generation
+                return True
+            holder, _ = self._read()
+        else:
+            holder, _ = self._read()
+            if holder is not None and holder.get("token") == self._token:
+                self._record["heartbeat"] = _utc(self._clock())
+                write_text_atomically(self.path, json.dumps(self._record))
+                return True
+        log.warning("%s was taken over by process %s on host %s: this job no longer holds the workdir", self.path,
+                    (holder or {}).get("pid"), (holder or {}).get("host"))
+        return False
 
     def _beat_until_released(self) -> None:
         failing = False
@@ -238,8 +309,11 @@ class WorkdirLock:
             return
         self.held = False
         try:
-            holder, _ = self._read()
-            if holder is not None and holder.get("token") == self._token:
-                self.path.unlink()
+            if self._object is not None:
+                self._object.delete(self._generation)          # not if another job has taken it over since
+            else:
+                holder, _ = self._read()
+                if holder is not None and holder.get("token") == self._token:
+                    self.path.unlink()
         except OSError as err:
             log.warning("could not remove %s (%s); the next run takes it over", self.path, _cause(err))
