@@ -8,7 +8,8 @@ Where this project's files leave the process:
   ``gs://`` path served by ``FakeBucket`` in the folder (``gs://bucket/run`` → ``<root>/bucket/run``), and
   TensorFlow's gfile kept out of the way;
 - TensorStore (orbax's arrays): orbax's kvstore spec for a ``gs://`` path becomes a ``file`` kvstore in the folder;
-- orbax's bucket look-up through ``google-cloud-storage`` (is the bucket's namespace hierarchical?): no.
+- orbax's bucket look-up through ``google-cloud-storage`` (is the bucket's namespace hierarchical?): no;
+- the workdir's probe of the storage endpoint (``layerscale_jax.network.cloud_storage_problem``): reachable.
 
 Orbax still treats the path as ``gs://``: it commits a step with its commit file instead of a rename, as on GCS.
 
@@ -187,6 +188,7 @@ def cloud_bucket(root, **semantics):
     ``semantics``: its keyword arguments)."""
     from etils.epath import gpath
     from etils.epath import testing as epath_testing
+    from layerscale_jax import network
     from orbax.checkpoint._src.path import gcs_utils
 
     bucket = FakeBucket(root, **semantics)
@@ -235,6 +237,7 @@ def cloud_bucket(root, **semantics):
             glob=glob, walk=walk, listdir=listdir, open=open_, rename=rename, replace=rename, copy=copy,
             remove=remove, rmtree=rmtree, **{name: redirect for name in fns}))
         stack.enter_context(mock.patch.object(gpath, "_is_tf_installed", lambda: False))
+        stack.enter_context(mock.patch.object(network, "cloud_storage_problem", lambda: None))    # no network needed
         stack.enter_context(mock.patch.object(gcs_utils, "is_hierarchical_namespace_enabled", lambda path: False))
         stack.enter_context(mock.patch.object(
             gcs_utils, "get_kvstore_for_gcs", lambda path: {"driver": "file", "path": bucket.local(path)}))

@@ -4,7 +4,14 @@ import json
 import os
 import re
 import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 
 import jax
 import jax.numpy as jnp
@@ -13,12 +20,13 @@ import optax
 import pytest
 from etils import epath
 
+from layerscale_jax import network
 from layerscale_jax.train import loop as loop_lib
 from layerscale_jax.train import workdir as workdir_lib
 from layerscale_jax.train.workdir_lock import WorkdirLock
 from layerscale_jax.train.checkpoint import Checkpointer, CheckpointSaveError, NoUsableCheckpointError
 
-from test_train import read_metrics, tiny_config, train_losses
+from test_train import TINY, read_metrics, subprocess_env, tiny_config, train_losses
 
 STEPS = 6
 
@@ -596,6 +604,97 @@ def test_an_old_checkpoint_whose_deletion_was_interrupted_is_set_aside_once(fini
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "quarantine", "4", "state"))
 
 
+def no_gfile(monkeypatch):
+    """gfile, the slow path, must not be reached; the environment names no proxy or other endpoint."""
+    def gfile(self):
+        raise AssertionError("gfile was asked")
+
+    monkeypatch.setattr(type(epath.Path("gs://bucket/run")), "exists", gfile)
+    for name in (*network.GCS_ENDPOINT_VARIABLES, "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def unreachable_message(cause, via=""):
+    return (f"--workdir gs://bucket/run: https://storage.googleapis.com/ cannot be reached{via} ({cause}); check the "
+            "network (or HTTPS_PROXY) and the credentials (gcloud auth application-default login), or use a local "
+            "--workdir")
+
+
+@pytest.mark.parametrize("failure", [socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+                                     TimeoutError("timed out"),
+                                     ConnectionRefusedError(111, "Connection refused")],
+                         ids=["no DNS", "no route (dropped)", "refused"])
+def test_an_unreachable_storage_endpoint_stops_a_gs_workdir_before_gfile_retries(failure, monkeypatch):
+    """Offline, TensorFlow's gfile retries a failed request ten times with back-off (about 200 s) before its error:
+    one bounded request to the endpoint comes first and stops the run in one line (nothing touches the bucket)."""
+    attempts = []
+
+    def connect(address, timeout, *args, **kwargs):
+        attempts.append((address, timeout))
+        raise failure
+
+    no_gfile(monkeypatch)
+    monkeypatch.setattr(socket, "create_connection", connect)
+    with pytest.raises(workdir_lib.WorkdirError) as raised:
+        workdir_lib.create(epath.Path("gs://bucket/run"))
+    assert str(raised.value) == unreachable_message(failure.strerror or str(failure))
+    assert attempts == [(("storage.googleapis.com", 443), network.CONNECT_TIMEOUT_S)]
+
+
+def test_a_proxy_that_refuses_the_tunnel_stops_a_gs_workdir_naming_the_proxy(monkeypatch):
+    """A proxy (``HTTPS_PROXY``) that answers the CONNECT with an error: gfile's curl would retry it for ~200 s."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def refuse_one_tunnel():
+        connection, _ = server.accept()
+        with connection:
+            connection.recv(4096)
+            connection.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=refuse_one_tunnel, daemon=True)
+    thread.start()
+    no_gfile(monkeypatch)
+    monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{port}")
+    with pytest.raises(workdir_lib.WorkdirError) as raised:
+        workdir_lib.create(epath.Path("gs://bucket/run"))
+    thread.join(10)
+    server.close()
+    assert str(raised.value) == unreachable_message("Tunnel connection failed: 404 Not Found",
+                                                    f" through the proxy http://127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("answer", [urllib.error.HTTPError(network.GCS_URL, 400, "Bad Request", None, None),
+                                    urllib.error.URLError(ssl.SSLError(1, "CERTIFICATE_VERIFY_FAILED"))],
+                         ids=["any HTTP status", "a TLS failure"])
+def test_an_endpoint_that_answers_is_reachable(answer, monkeypatch):
+    def opened(self, request, timeout):
+        raise answer
+
+    monkeypatch.setattr(urllib.request.OpenerDirector, "open", opened)
+    for name in network.GCS_ENDPOINT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert network.cloud_storage_problem() is None
+
+
+@pytest.mark.slow
+def test_a_gs_workdir_without_network_is_one_error_line_from_the_cli(tmp_path):
+    """The real attempt: without network, a gs:// workdir goes to GCS itself (skipped where GCS answers)."""
+    env = dict(subprocess_env(1), HOME=str(tmp_path))
+    for name in network.GCS_ENDPOINT_VARIABLES:
+        env.pop(name, None)
+    if network.cloud_storage_problem() is None:
+        pytest.skip("this machine reaches storage.googleapis.com")
+    done = subprocess.run([sys.executable, "-m", "layerscale_jax.train", f"--config={TINY}:steps=3",
+                           "--workdir=gs://layerscale-jax-test-bucket/run"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2, lines
+    assert lines[-1].startswith("error: --workdir gs://layerscale-jax-test-bucket/run: https://storage.googleapis.com/ "
+                                "cannot be reached")
+    assert "check the network" in lines[-1] and not any("Traceback" in line for line in lines)
+
+
 def test_a_gs_workdir_that_cannot_be_reached_is_one_clear_error(tmp_path, monkeypatch):
     """No network or no credentials: TensorFlow's gfile raised its own error (a 34-line traceback, rc 1)."""
     class FailedPreconditionError(Exception):                  # what tf.errors raises: not an OSError
@@ -606,6 +705,7 @@ def test_a_gs_workdir_that_cannot_be_reached_is_one_clear_error(tmp_path, monkey
                                       "hostname'\n\t when reading metadata of gs://bucket/run")
 
     monkeypatch.setattr(type(epath.Path("gs://bucket/run")), "exists", unreachable)
+    monkeypatch.setattr(network, "cloud_storage_problem", lambda: None)      # the endpoint answers, gfile fails
     with pytest.raises(workdir_lib.WorkdirError, match=r"--workdir gs://bucket/run cannot be reached "
                                                        r"\(FailedPreconditionError: .*Could not resolve hostname.*\); "
                                                        r"check the network and the credentials"):

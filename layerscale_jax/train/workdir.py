@@ -11,6 +11,7 @@ import time
 
 from etils import epath
 
+from layerscale_jax import network
 from layerscale_jax.errors import UserError
 from layerscale_jax.paths import finish_moves, is_url, move_all, read_json, write_text_atomically
 
@@ -39,8 +40,15 @@ class WorkdirError(UserError):
 
 
 def create(workdir: epath.Path) -> None:
-    """Create ``workdir`` (with its parents); ``WorkdirError`` in one line when it cannot hold a run."""
+    """Create ``workdir`` (with its parents); ``WorkdirError`` in one line when it cannot hold a run. A ``gs://``
+    workdir is first probed with one connection to the storage endpoint (``network.cloud_storage_problem``, at most
+    ``network.CONNECT_TIMEOUT_S``): offline, TensorFlow's ``gfile`` retries a failed connection for about 40 s."""
     if is_url(workdir):
+        problem = network.cloud_storage_problem()
+        if problem is not None:
+            raise WorkdirError(f"--workdir {workdir}: {problem}; check the network (or "
+                               "HTTPS_PROXY) and the credentials (gcloud auth application-default login), or use a "
+                               "local --workdir")
         try:
             workdir.exists()
         except Exception as err:  # noqa: BLE001 - TensorFlow's gfile raises its own errors (no network, no login)
