@@ -8,19 +8,30 @@ process unable to exit after its error line. Used by the training checkpoints an
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import warnings
 
 log = logging.getLogger(__name__)
 
+_save_failed = threading.Event()     # orbax (or the checkpointer) has reported a failed save in this process
+
 
 class _OrbaxErrorsOnOneLine(logging.Filter):
-    """Orbax's background save threads log a failure (a full disk) with its traceback in every thread involved and
-    in asyncio's "Task exception was never retrieved", hundreds of lines, before ``wait_until_finished`` re-raises
-    it as the run's one error line. Their records keep their message, on one line, without the traceback."""
+    """Orbax's background save threads log a failure (a full disk) with its traceback in every thread involved,
+    hundreds of lines, before ``wait_until_finished`` re-raises it as the run's one error line. Their records keep
+    their message, on one line, without the traceback. Once a save has failed, asyncio's "Task (or
+    _GatheringFuture) exception was never retrieved" for each of orbax's abandoned write tasks (one per array,
+    reported when they are collected, often at exit, after the error line) is dropped: it repeats the failure
+    already reported."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR and "orbax" in f"{record.pathname} {record.getMessage()}":
+            if record.name == "asyncio" and "exception was never retrieved" in record.getMessage().split("\n")[0]:
+                if _save_failed.is_set():
+                    return False
+            _save_failed.set()
             record.msg, record.args = " ".join(record.getMessage().split()), None
             record.exc_info, record.exc_text, record.stack_info = None, None, None
         return True
@@ -29,11 +40,56 @@ class _OrbaxErrorsOnOneLine(logging.Filter):
 _ORBAX_ERRORS_ON_ONE_LINE = _OrbaxErrorsOnOneLine()
 
 
+def _is_a_callback_into_a_closed_loop(kind, value, traceback) -> bool:
+    """After a failed save: TensorStore completing one of orbax's abandoned writes calls back into the event loop
+    of orbax's save thread, which ``asyncio.run`` has closed on the first error; the ``RuntimeError('Event loop is
+    closed')`` raised in asyncio (no frame of other code) is printed as a traceback per write — 65 lines and more,
+    some after the error line. Nothing waits for those writes."""
+    if not (_save_failed.is_set() and kind is RuntimeError and str(value) == "Event loop is closed"):
+        return False
+    while traceback is not None:
+        if os.path.basename(os.path.dirname(traceback.tb_frame.f_code.co_filename)) != "asyncio":
+            return False
+        traceback = traceback.tb_next
+    return True
+
+
+def _quiet_excepthook(original):
+    def hook(kind, value, traceback):
+        if not _is_a_callback_into_a_closed_loop(kind, value, traceback):
+            original(kind, value, traceback)
+    hook.quiets_closed_loops = True
+    return hook
+
+
+def _quiet_unraisablehook(original):
+    def hook(unraisable):
+        if not _is_a_callback_into_a_closed_loop(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback):
+            original(unraisable)
+    hook.quiets_closed_loops = True
+    return hook
+
+
+def _quiet_thread_excepthook(original):
+    def hook(args):
+        if not _is_a_callback_into_a_closed_loop(args.exc_type, args.exc_value, args.exc_traceback):
+            original(args)
+    hook.quiets_closed_loops = True
+    return hook
+
+
 def log_orbax_errors_on_one_line() -> None:
-    """From now on, orbax's error records (through absl's and asyncio's loggers) are one line each."""
+    """From now on, orbax's error records (through absl's and asyncio's loggers) are one line each, and after a
+    failed save its abandoned writes stay quiet (``_OrbaxErrorsOnOneLine``, ``_is_a_callback_into_a_closed_loop``)."""
     for name in ("absl", "asyncio"):
         if _ORBAX_ERRORS_ON_ONE_LINE not in logging.getLogger(name).filters:
             logging.getLogger(name).addFilter(_ORBAX_ERRORS_ON_ONE_LINE)
+    if not getattr(sys.excepthook, "quiets_closed_loops", False):
+        sys.excepthook = _quiet_excepthook(sys.excepthook)
+    if not getattr(sys.unraisablehook, "quiets_closed_loops", False):
+        sys.unraisablehook = _quiet_unraisablehook(sys.unraisablehook)
+    if not getattr(threading.excepthook, "quiets_closed_loops", False):
+        threading.excepthook = _quiet_thread_excepthook(threading.excepthook)
 
 
 def release_waiting_save_threads() -> None:
@@ -42,6 +98,7 @@ def release_waiting_save_threads() -> None:
     waiting for key ..."). Their coroutines, never started, are not reported as "never awaited" at exit."""
     from orbax.checkpoint._src.futures import future as orbax_future
 
+    _save_failed.set()
     for thread in threading.enumerate():
         if isinstance(thread, orbax_future._SignalingThread) and thread.is_alive():
             thread._cancelled = True
