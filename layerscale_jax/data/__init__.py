@@ -12,28 +12,15 @@ their checks, needs no jax), and TensorFlow, tensorflow_datasets and grain load 
 Fields of `config.data` are documented in `layerscale_jax.data.config`; preparing a TFDS dataset:
 `python -m layerscale_jax.data.prepare --name=NAME --data_dir=DIR`.
 """
+from layerscale_jax.lazy import lazy_names
+
 _SOURCES = {
-    "BadRecordError": "sources", "DatasetInfo": "dataset_info", "DatasetNotPreparedError": "sources",
-    "EvalIterator": "pipeline", "TrainIterator": "pipeline", "default_data_config": "config",
-    "get_dataset_info": "dataset_info", "make_eval_iterator": "pipeline", "make_train_iterator": "pipeline",
-    "measure_pipeline": "throughput", "mixup_cutmix": "mixup", "to_global_batch": "sharding",
-    "validate_data_config": "config",
+    "BadRecordError": ".sources", "DatasetInfo": ".dataset_info", "DatasetNotPreparedError": ".sources",
+    "EvalIterator": ".pipeline", "TrainIterator": ".pipeline", "default_data_config": ".config",
+    "get_dataset_info": ".dataset_info", "make_eval_iterator": ".pipeline", "make_train_iterator": ".pipeline",
+    "measure_pipeline": ".throughput", "mixup_cutmix": ".mixup", "to_global_batch": ".sharding",
+    "validate_data_config": ".config",
 }
 __all__ = sorted(_SOURCES)
 
-
-def __getattr__(name: str):
-    import importlib
-    if name in _SOURCES:
-        value = globals()[name] = getattr(importlib.import_module(f"{__name__}.{_SOURCES[name]}"), name)
-        return value
-    try:                                               # a submodule, e.g. data.pipeline
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as err:
-        if err.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_SOURCES))
+__getattr__, __dir__ = lazy_names(__name__, globals(), _SOURCES)

@@ -8,27 +8,14 @@
 Every config field is documented in ``layerscale_jax.optim.config``. The names below load on first use, so the
 config module (its defaults and checks) is read without jax or optax.
 """
+from layerscale_jax.lazy import lazy_names
+
 _SOURCES = {
-    "GroupRow": "bundle", "OptimizerBundle": "bundle", "build": "bundle", "default_config": "config",
-    "validate_config": "config", "ema_update": "ema", "accumulate_gradients": "gradients", "sam_gradients": "gradients",
-    "layer_decay_scales": "param_rules", "trainable_mask": "param_rules", "weight_decay_mask": "param_rules",
-    "make_schedule": "schedules",
+    "GroupRow": ".bundle", "OptimizerBundle": ".bundle", "build": ".bundle", "default_config": ".config",
+    "validate_config": ".config", "ema_update": ".ema", "accumulate_gradients": ".gradients",
+    "sam_gradients": ".gradients", "layer_decay_scales": ".param_rules", "trainable_mask": ".param_rules",
+    "weight_decay_mask": ".param_rules", "make_schedule": ".schedules",
 }
 __all__ = list(_SOURCES)
 
-
-def __getattr__(name: str):
-    import importlib
-    if name in _SOURCES:
-        value = globals()[name] = getattr(importlib.import_module(f"{__name__}.{_SOURCES[name]}"), name)
-        return value
-    try:                                               # a submodule, e.g. optim.gradients
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as err:
-        if err.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_SOURCES))
+__getattr__, __dir__ = lazy_names(__name__, globals(), _SOURCES)
