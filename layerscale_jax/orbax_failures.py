@@ -57,28 +57,19 @@ def _is_a_callback_into_a_closed_loop(kind, value, traceback) -> bool:
     return True
 
 
-def _quiet_excepthook(original):
-    def hook(kind, value, traceback):
-        if not _is_a_callback_into_a_closed_loop(kind, value, traceback):
-            original(kind, value, traceback)
+def _quiet(original, exc_info):
+    """The hook ``original`` (``sys.excepthook``, ``sys.unraisablehook`` or ``threading.excepthook``) without the
+    callbacks into a closed loop; ``exc_info`` gives ``(kind, value, traceback)`` from the hook's arguments."""
+    def hook(*args):
+        if not _is_a_callback_into_a_closed_loop(*exc_info(*args)):
+            original(*args)
     hook.quiets_closed_loops = True
     return hook
 
 
-def _quiet_unraisablehook(original):
-    def hook(unraisable):
-        if not _is_a_callback_into_a_closed_loop(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback):
-            original(unraisable)
-    hook.quiets_closed_loops = True
-    return hook
-
-
-def _quiet_thread_excepthook(original):
-    def hook(args):
-        if not _is_a_callback_into_a_closed_loop(args.exc_type, args.exc_value, args.exc_traceback):
-            original(args)
-    hook.quiets_closed_loops = True
-    return hook
+def _exc_info_of(arg):
+    """``(kind, value, traceback)`` of ``sys.unraisablehook``'s or ``threading.excepthook``'s argument."""
+    return arg.exc_type, arg.exc_value, arg.exc_traceback
 
 
 def log_orbax_errors_on_one_line() -> None:
@@ -88,11 +79,11 @@ def log_orbax_errors_on_one_line() -> None:
         if _ORBAX_ERRORS_ON_ONE_LINE not in logging.getLogger(name).filters:
             logging.getLogger(name).addFilter(_ORBAX_ERRORS_ON_ONE_LINE)
     if not getattr(sys.excepthook, "quiets_closed_loops", False):
-        sys.excepthook = _quiet_excepthook(sys.excepthook)
+        sys.excepthook = _quiet(sys.excepthook, lambda kind, value, traceback: (kind, value, traceback))
     if not getattr(sys.unraisablehook, "quiets_closed_loops", False):
-        sys.unraisablehook = _quiet_unraisablehook(sys.unraisablehook)
+        sys.unraisablehook = _quiet(sys.unraisablehook, _exc_info_of)
     if not getattr(threading.excepthook, "quiets_closed_loops", False):
-        threading.excepthook = _quiet_thread_excepthook(threading.excepthook)
+        threading.excepthook = _quiet(threading.excepthook, _exc_info_of)
 
 
 def release_waiting_save_threads() -> None:
