@@ -33,8 +33,8 @@ def estimate_sweep_seconds(costs: dict[int, dict], specs: list[RunSpec], sizing:
 
 def protocol_estimate(costs: dict[int, dict], steps: int, rates_per_cell: float = len(RATE_LADDER_START) + 1) -> str:
     """The protocol's time on one process from ``measure``'s costs: the budget runs (one per length in
-    BUDGET_STEPS), a rate sweep of ``rates_per_cell`` runs per cell (the start ladder plus one extension on
-    average), and both final protocols (assumed to share no run: an upper bound)."""
+    BUDGET_STEPS and seed in BUDGET_SEEDS), a rate sweep of ``rates_per_cell`` runs per cell (the start ladder plus
+    one extension on average), and both final protocols (assumed to share no run: an upper bound)."""
     budget = sum(sweep.estimate_seconds(costs, [s.depth for s in budget_specs() if s.steps == t], t,
                                         t // BUDGET_EVAL_EVERY) for t in BUDGET_STEPS)
     rate_depths = [d for d in RATE_DEPTHS for _ in COLUMNS] * int(math.ceil(rates_per_cell))

@@ -223,11 +223,13 @@ def plot_ratio_init_end(runs: list[dict], depth: int, path: str, *, title: str) 
     plt.close(fig)
 
 
-def plot_budget(finals: dict, curves: dict, chosen: int | None, path: str, *, title: str) -> None:
+def plot_budget(finals: dict, curves: dict, chosen: int | None, path: str, *, title: str,
+                by_seed: dict | None = None) -> None:
     """Left: final validation accuracy (%) of each budget cell's runs against their step count (``finals``:
-    ``{(scheme, warmup, depth): {steps: acc}}``), the chosen budget a vertical line. Right: the validation curve
-    of each cell's longest run (``curves``: ``{(scheme, warmup, depth, steps): [(step, acc)]}``), whose middle is at
-    a high learning rate: why the budget is read off whole runs. Solid: the deepest depth, dotted: the others."""
+    ``{(scheme, warmup, depth): {steps: mean acc}}``; ``by_seed``, ``{cell: {steps: {seed: acc}}}``, adds each
+    seed's run as a small point when there are several), the chosen budget a vertical line. Right: the validation
+    curve of each cell's longest run (``curves``: ``{(scheme, warmup, depth, steps): [(step, acc)]}``), whose middle
+    is at a high learning rate: why the budget is read off whole runs. Solid: the deepest depth, dotted: the others."""
     plt = sweep.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     deepest = max(d for _, _, d in finals)
@@ -235,6 +237,10 @@ def plot_budget(finals: dict, curves: dict, chosen: int | None, path: str, *, ti
         line = dict(color=colour(scheme), linestyle="-" if depth == deepest else ":", marker="o", markersize=3,
                     label=f"{label(scheme, warmup)}, depth {depth}")
         left.plot(list(runs), list(runs.values()), **line)
+        seeds = (by_seed or {}).get((scheme, warmup, depth), {})
+        if any(len(each) > 1 for each in seeds.values()):
+            points = [(t, a) for t, each in seeds.items() for a in each.values()]
+            left.scatter(*zip(*points), color=colour(scheme), s=9, alpha=0.45, linewidths=0)
         longest = max(runs)
         steps, accs = zip(*curves[(scheme, warmup, depth, longest)])
         right.plot(steps, accs, **dict(line, markersize=1.5))

@@ -13,8 +13,8 @@ import sweep
 import validation_protocol as vp
 from depth_ablation_cost import cost_by_machine_kind
 from depth_ablation_protocol import (FINAL_SEEDS, MAX_EXTENSIONS, RATE_DEPTHS, RATE_LADDER_START, best_learning_rates,
-                                     budget_curves, budget_finals, cell_records, choose_budget, final_records,
-                                     rates_to_json, validation_images)
+                                     budget_by_seed, budget_curves, budget_finals, cell_records, choose_budget,
+                                     final_records, one_rate_sweep, rates_to_json, validation_images)
 from depth_ablation_runs import (COLUMNS, DEPTHS, PROTOCOL_SIZING, RECIPE, REFERENCE, SCHEMES, RunSpec, column_label,
                                  load_records, make_config)
 
@@ -86,32 +86,44 @@ def write_budget_report(out: str, tolerance: float | None = None) -> dict[str, s
     choice = choose_budget(records, validation_images(), tolerance)
     sweep.save_json(os.path.join(out, "budget.json"), choice)
     lengths = sorted({t for runs in choice["finals"].values() for t in runs})
-    rows = [[cell] + [f"{runs[t]:.1f}" if t in runs else "—" for t in lengths]
-            + [f"{choice['tolerance_points'][cell]:.2f}", choice["cells"][cell]]
-            for cell, runs in choice["finals"].items()]
+    by_seed = {f"{column_label(s, w)}, depth {d}": runs for (s, w, d), runs in budget_by_seed(records).items()}
+
+    def value(cell, t):
+        if t not in choice["finals"][cell]:
+            return "—"
+        seeds = by_seed[cell][t]
+        each = f" ({', '.join(f'{a:.1f}' for a in seeds.values())})" if len(seeds) > 1 else ""
+        return f"{choice['finals'][cell][t]:.1f}{each}"
+    rows = [[cell] + [value(cell, t) for t in lengths] + [f"{choice['tolerance_points'][cell]:.2f}",
+                                                          choice["cells"][cell]] for cell in choice["finals"]]
+    seeds = ", ".join(map(str, choice["seeds"])) + ("; in brackets each seed's, in that order"
+                                                    if len(choice["seeds"]) > 1 else "")
     rate = ", ".join(sorted({f"{r['learning_rate']:g}" for r in records}))
-    rule = ("one binomial standard error of the longest run's accuracy on the "
+    rule = ("one binomial standard error of the longest run's (mean) accuracy on the "
             f"{choice['validation_images']} validation images" if tolerance is None else f"{tolerance} points")
     with open(os.path.join(out, "budget.md"), "w") as f:
         f.write(f"Budget ({describe(records, 'budget', f'rate {rate}')}): one whole run per step count (its own "
-                "warm-up and cosine decay to zero), final validation accuracy (%, mean over seeds). A cell has "
-                "converged at the shortest step count from which no run shorter than the longest ends "
+                f"warm-up and cosine decay to zero), final validation accuracy (%, mean over seeds {seeds}). "
+                "A cell has converged at the shortest step count from which no run shorter than the longest ends "
                 f"a tolerance or more below the longest; tolerance: {rule}.\n\n"
                 + sweep.markdown_table(["cell"] + [f"{t} steps" for t in lengths] + ["tolerance", "converged at"],
                                        rows)
                 + f"\nChosen budget: **{choice['steps']} steps** (the largest).\n")
     rate_title = describe(records, "budget", f"rate {rate}")
     plots.plot_budget(budget_finals(records), budget_curves(records), choice["steps"],
-                      os.path.join(out, "budget.png"), title=f"{rate_title}; chosen {choice['steps']} steps")
+                      os.path.join(out, "budget.png"), title=f"{rate_title}; chosen {choice['steps']} steps",
+                      by_seed=budget_by_seed(records))
     return {"budget": os.path.join(out, "budget.json"), "budget_md": os.path.join(out, "budget.md"),
             "budget_figure": os.path.join(out, "budget.png")}
 
 
 def rates_status(records: list[dict], columns=COLUMNS, depths=RATE_DEPTHS, start=RATE_LADDER_START,
-                 max_extensions=MAX_EXTENSIONS) -> str:
+                 max_extensions=MAX_EXTENSIONS, images: int | None = None) -> str:
     """Where the rate sweep stands, per column × depth: every finished rate with its validation accuracy (or
     "div."), and what the cell still needs (``swept_rates``) or how it ended: bracketed, at the edge after the
-    last allowed extension, or every run diverged. Nothing is trained."""
+    last allowed extension, or every run diverged; then each column's one-rate bracketing (``one_rate_sweep``;
+    ``images``: the validation split's size, default ``validation_images()``). Nothing is trained."""
+    images = validation_images() if images is None else images
     rows, open_cells = [], 0
     for depth in depths:
         for scheme, warmup in columns:
@@ -128,8 +140,21 @@ def rates_status(records: list[dict], columns=COLUMNS, depths=RATE_DEPTHS, start
             rows.append([column_label(scheme, warmup), depth, ", ".join(
                 f"{r['learning_rate']:g}: {'div.' if r['diverged'] else f'{100 * vp.accuracy(r):.1f}'}"
                 for r in runs) or "–", state])
+    one = []
+    for scheme, warmup in columns:
+        swept, choice = one_rate_sweep(records, scheme, warmup, depths, images, start, max_extensions)
+        need = {f"{lr:g}": [d for d in depths if not any(math.isclose(lr, r["learning_rate"])
+                                                       for r in cell_records(records, scheme, warmup, d))]
+                for lr in swept}
+        one.append([column_label(scheme, warmup),
+                    "waits for its cells' sweeps" if not swept else
+                    "needs " + ", ".join(f"{lr} at depths {', '.join(map(str, ds))}" for lr, ds in need.items() if ds)
+                    if choice is None else
+                    f"bracketed: {choice:g}" if swept[0] < choice < swept[-1] else f"**edge: {choice:g}**"])
     return (f"Rate sweep: {len(records)} runs finished, {open_cells} of {len(rows)} cells still need runs.\n\n"
-            + sweep.markdown_table(["column", "depth", "finished rates: validation accuracy (%)", "state"], rows))
+            + sweep.markdown_table(["column", "depth", "finished rates: validation accuracy (%)", "state"], rows)
+            + "\nOne rate for all depths (`one_rate_sweep`):\n\n"
+            + sweep.markdown_table(["column", "state"], one))
 
 
 def write_rates_report(out: str, validation_images: int, columns=COLUMNS, depths=RATE_DEPTHS, **sweep_kwargs
@@ -156,9 +181,10 @@ def write_rates_report(out: str, validation_images: int, columns=COLUMNS, depths
                      ("yes, by the tie rule" if rates["tie_at_edge"][(scheme, warmup, depth)] else "yes")
                      if rates["bracketed"][(scheme, warmup, depth)] else "**no (edge)**",
                      f"{best:.1f}", lead, sum(r["diverged"] for r in mine)])
-    common = {c: sorted(set.intersection(*({r["learning_rate"] for r in cell_records(records, *c, d)}
-                                           for d in depths))) for c in rates["one_rate"]}
-    one = [[column_label(*c), f"{lr:g}", f"{common[c][0]:g} … {common[c][-1]:g}",
+    def images_right(column, lr):
+        runs = [r for d in depths for r in cell_records(records, *column, d) if math.isclose(r["learning_rate"], lr)]
+        return sum(0 if r["diverged"] else vp.correct_images(r, validation_images) for r in runs)
+    one = [[column_label(*c), f"{lr:g}", ", ".join(f"{x:g}: {images_right(c, x)}" for x in rates["one_rate_swept"][c]),
             "yes" if rates["one_rate_bracketed"][c] else "**no (edge)**"] for c, lr in rates["one_rate"].items()]
     with open(os.path.join(out, "rates.md"), "w") as f:
         f.write(f"Rates ({describe(records, 'rate sweep', 'seed 0')}), chosen on final validation accuracy. "
@@ -170,10 +196,12 @@ def write_rates_report(out: str, validation_images: int, columns=COLUMNS, depths
                 + sweep.markdown_table(["column", "depth", "swept (runs)", "best rate", "bracketed",
                                         "val acc at best (%)", "lead over next-best rate (points)",
                                         "diverged runs"], rows)
-                + "\nOne rate for all depths (the most validation images right summed over the depths, a diverged "
-                  "run counting 0; ties: the lower rate), and whether it is inside the rates swept at every "
-                  "depth — at an edge, a rate beyond might be better at some depth, untested:\n\n"
-                + sweep.markdown_table(["column", "rate", "swept at every depth", "bracketed"], one)
+                + f"\nOne rate for all depths (the most of the {len(depths)} × {validation_images} validation "
+                  "images right summed over the depths, a diverged run counting 0; ties: the lower rate), chosen "
+                  "from the rates swept at every depth; while it was the lowest (highest) of them, the next rate "
+                  "down (up) the ladder was trained at every depth (`one_rate_sweep`), until it is strictly inside "
+                  "— or at an edge after the last extension allowed, where a rate beyond might be better:\n\n"
+                + sweep.markdown_table(["column", "rate", "swept at every depth: images right", "bracketed"], one)
                 + divergence_by_rate(records, sorted(depths)[-2:]))
     sweep.write_csv(sorted(records, key=lambda r: (r["depth"], r["scheme"], not r["warmup"], r["learning_rate"])),
                     os.path.join(out, "results.csv"), RATE_CSV_FIELDS)
