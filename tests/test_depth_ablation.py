@@ -432,6 +432,8 @@ def test_the_one_rate_is_bracketed_by_training_the_next_ladder_rate_at_every_dep
     missing = [s for s in planned if not any(r["depth"] == s.depth and math.isclose(r["learning_rate"],
                                                                                    s.learning_rate) for r in records)]
     assert missing == [da_runs.RunSpec(12, "layerscale", True, 0, 5e-4, "rates", 100)]
+    status = da_reports.rates_status(records, (column,), (12, 48), start, images=100)
+    assert "| layerscale | needs 0.0005 at depths 12 |" in status
     with pytest.raises(ValueError, match=r"one-rate sweep of layerscale is unfinished \(needs 0.0005 at depths "
                                          r"\[12\]\)"):
         da_protocol.best_learning_rates(records, 100, (column,), (12, 48), start=start)
@@ -441,6 +443,8 @@ def test_the_one_rate_is_bracketed_by_training_the_next_ladder_rate_at_every_dep
     assert rates["one_rate"] == {column: 1e-3} and rates["one_rate_bracketed"] == {column: True}
     assert rates["one_rate_swept"] == {column: [5e-4, 1e-3, 2e-3, 5e-3]}
     assert rates["per_depth"] == {column + (12,): 5e-3, column + (48,): 1e-3}    # each cell's own choice is kept
+    assert "| layerscale | bracketed: 0.001 |" in da_reports.rates_status(
+        records + [fake_record(depth=12, lr=5e-4, acc=.3)], (column,), (12, 48), start, images=100)
     assert da_protocol.rates_from_json(json.loads(json.dumps(da_protocol.rates_to_json(rates)))) == rates
     # 5e-4 at depth 12 gets 90 images: 150 beats 140, the lowest again → 2e-4 at both depths, or, with no extension
     # left, the choice stays at the edge, unbracketed
