@@ -286,6 +286,22 @@ def test_the_committed_rates_are_what_the_committed_rate_records_give(tmp_path):
     assert all(json.load(open(os.path.join(committed, "rates.json")))["bracketed"].values())
 
 
+def test_the_write_ups_compute_of_the_final_stage_is_what_its_records_give():
+    """The final stage's run count, CPU-hours and per-machine-kind cost quoted in README and experiments/README are
+    ``sweep.compute_note`` and ``cost_by_machine_kind`` of the committed final records."""
+    records = da_runs.load_records(os.path.join(da_protocol.CONVERGED_OUT, "final"))
+    total = re.match(r"(\d+) runs took ([\d.]+) CPU-hours", da.sweep.compute_note(records)).groups()
+    kinds = re.findall(r"from its (\d+) runs\): ([\d.]+) CPU-hours, ≈ ([\d.]+) hours",
+                       da_cost.cost_by_machine_kind(records))
+    readme = open(os.path.join(da_runs.ROOT, "README.md")).read().replace("\n", " ")
+    experiments = open(os.path.join(da_runs.ROOT, "experiments", "README.md")).read()
+    assert f"final stage's {total[0]} runs took {total[1]} CPU-hours" in readme
+    assert f"the {total[0]} runs took {total[1]} CPU-hours" in experiments.replace("\n", " ")
+    table = experiments[experiments.index("| machine (2 cores; malloc) |"):]
+    table = table[:table.index("\n\n")]
+    assert re.findall(r"\| (\d+) \| ([\d.]+) \| \**([\d.]+)\** \|", table) == kinds
+
+
 def test_a_bad_shard_stops_the_command_naming_it():
     with pytest.raises(SystemExit, match="--shard='5/4' must have 1 ≤ i ≤ n"):
         da.main(["--protocol", "final", "--shard", "5/4", "--out", "/nonexistent"])
