@@ -286,6 +286,20 @@ def test_the_committed_rates_are_what_the_committed_rate_records_give(tmp_path):
     assert all(json.load(open(os.path.join(committed, "rates.json")))["bracketed"].values())
 
 
+def test_the_committed_budget_is_what_the_committed_budget_records_give(tmp_path):
+    """Regenerating budget.json and budget.md from ``depth_ablation_converged/budget/runs`` gives the committed
+    files, on the pre-registered seeds 0-2 (``BUDGET_SEEDS``), every run length of every cell with all of them."""
+    import shutil
+    committed = os.path.join(da_protocol.CONVERGED_OUT, "budget")
+    shutil.copytree(os.path.join(committed, "runs"), tmp_path / "runs")
+    da_reports.write_budget_report(str(tmp_path))
+    for name in ("budget.json", "budget.md"):
+        assert (tmp_path / name).read_text() == open(os.path.join(committed, name)).read(), name
+    budget = json.load(open(os.path.join(committed, "budget.json")))
+    assert budget["seeds"] == list(da_protocol.BUDGET_SEEDS)
+    assert len(da_runs.load_records(committed)) == len(da_protocol.budget_specs())
+
+
 def test_the_write_ups_compute_of_the_final_stage_is_what_its_records_give():
     """The final stage's run count, CPU-hours and per-machine-kind cost quoted in README and experiments/README are
     ``sweep.compute_note`` and ``cost_by_machine_kind`` of the committed final records."""
