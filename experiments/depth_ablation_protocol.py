@@ -171,6 +171,13 @@ def one_rate_sweep(records: list[dict], scheme: str, warmup: bool, depths, image
         rates = [vp.ladder(rates[0], -1)] + rates if choice == rates[0] else rates + [vp.ladder(rates[-1], +1)]
 
 
+def one_rate_missing(records: list[dict], scheme: str, warmup: bool, depths, rates) -> dict[str, list[int]]:
+    """For each of a column's one-rate ``rates`` (``one_rate_sweep``), the depths with no run at it yet:
+    ``{"2e-2": [24, 48], ...}``, every rate listed (an empty list: trained at every depth)."""
+    return {f"{lr:g}": [d for d in depths if _run_at(cell_records(records, scheme, warmup, d), lr) is None]
+            for lr in rates}
+
+
 def run_rate_sweep(out: str, steps: int, columns=COLUMNS, depths=RATE_DEPTHS, which_shard=None,
                    sizing: Sizing = PROTOCOL_SIZING, start=RATE_LADDER_START, max_extensions=MAX_EXTENSIONS,
                    log=print, **run_kwargs) -> list[dict]:
@@ -219,8 +226,7 @@ def best_learning_rates(records: list[dict], images: int, columns=COLUMNS, depth
                 counts[lr] == counts[best] for lr in edges)
         swept, choice = one_rate_sweep(records, scheme, warmup, depths, images, start, max_extensions)
         if choice is None:
-            missing = {f"{lr:g}": [d for d in depths if _run_at(cell_records(records, scheme, warmup, d), lr) is None]
-                       for lr in swept}
+            missing = one_rate_missing(records, scheme, warmup, depths, swept)
             raise ValueError(f"the one-rate sweep of {column_label(scheme, warmup)} is unfinished (needs "
                              + ", ".join(f"{lr} at depths {ds}" for lr, ds in missing.items() if ds)
                              + "); run --protocol rates again")

@@ -14,7 +14,7 @@ import validation_protocol as vp
 from depth_ablation_cost import cost_by_machine_kind
 from depth_ablation_protocol import (FINAL_SEEDS, MAX_EXTENSIONS, RATE_DEPTHS, RATE_LADDER_START, best_learning_rates,
                                      budget_by_seed, budget_curves, budget_finals, cell_records, choose_budget,
-                                     final_records, one_rate_sweep, rates_to_json, validation_images)
+                                     final_records, one_rate_missing, one_rate_sweep, rates_to_json, validation_images)
 from depth_ablation_runs import (COLUMNS, DEPTHS, PROTOCOL_SIZING, RECIPE, REFERENCE, SCHEMES, RunSpec, column_label,
                                  load_records, make_config)
 
@@ -143,9 +143,7 @@ def rates_status(records: list[dict], columns=COLUMNS, depths=RATE_DEPTHS, start
     one = []
     for scheme, warmup in columns:
         swept, choice = one_rate_sweep(records, scheme, warmup, depths, images, start, max_extensions)
-        need = {f"{lr:g}": [d for d in depths if not any(math.isclose(lr, r["learning_rate"])
-                                                       for r in cell_records(records, scheme, warmup, d))]
-                for lr in swept}
+        need = one_rate_missing(records, scheme, warmup, depths, swept)
         one.append([column_label(scheme, warmup),
                     "waits for its cells' sweeps" if not swept else
                     "needs " + ", ".join(f"{lr} at depths {', '.join(map(str, ds))}" for lr, ds in need.items() if ds)
