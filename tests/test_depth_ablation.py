@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 
 import pytest
@@ -128,7 +129,6 @@ def test_a_resumed_sweep_skips_finished_runs_and_trains_only_missing_ones(sweep,
     assert trained == [] and lines[0] == "3 runs in the grid, 3 already finished, 0 to train"
 
     # a copy of the sweep missing one record trains exactly that run and reports progress with an ETA
-    import shutil
     partial = str(tmp_path / "partial")
     shutil.copytree(out, partial)
     os.remove(da_runs.record_path(partial, SPECS[0]))
@@ -174,7 +174,6 @@ def test_sweep_estimate_adds_fixed_and_per_step_costs_linear_in_depth():
 
 def test_each_table_names_the_command_that_produced_it(sweep, tmp_path):
     """An lr sweep writes only its own outputs, headed by its command; the grid's table keeps the grid's command."""
-    import shutil
     out = str(tmp_path / "copy")
     shutil.copytree(sweep[0], out)
     shutil.copytree(os.path.join(out, "runs"), os.path.join(out, "lr_sweep", "runs"))
@@ -191,7 +190,6 @@ def test_a_table_never_averages_learning_rates_and_per_scheme_rates_report_apart
     """Runs at another rate beside the grid's (what ``--per_scheme_lr`` adds to ``OUT/runs``) are kept out of the
     shared-rate table, reported on their own in ``report_dir``, and a column mixing rates is an error."""
     import json
-    import shutil
     out = str(tmp_path / "mixed")
     shutil.copytree(sweep[0], out)
     record = {r["scheme"]: r for r in da_runs.load_records(out)}["none"]
@@ -277,7 +275,6 @@ def test_the_committed_tables_are_what_the_committed_run_records_give(tmp_path):
 def test_the_committed_rates_are_what_the_committed_rate_records_give(tmp_path):
     """Regenerating rates.json, rates.md and results.csv from ``depth_ablation_converged/rates/runs`` gives the
     committed files, every cell bracketed."""
-    import shutil
     committed = os.path.join(da_protocol.CONVERGED_OUT, "rates")
     shutil.copytree(os.path.join(committed, "runs"), tmp_path / "runs")
     da_reports.write_rates_report(str(tmp_path), da_protocol.validation_images())
@@ -289,7 +286,6 @@ def test_the_committed_rates_are_what_the_committed_rate_records_give(tmp_path):
 def test_the_committed_budget_is_what_the_committed_budget_records_give(tmp_path):
     """Regenerating budget.json and budget.md from ``depth_ablation_converged/budget/runs`` gives the committed
     files, on the pre-registered seeds 0-2 (``BUDGET_SEEDS``), every run length of every cell with all of them."""
-    import shutil
     committed = os.path.join(da_protocol.CONVERGED_OUT, "budget")
     shutil.copytree(os.path.join(committed, "runs"), tmp_path / "runs")
     da_reports.write_budget_report(str(tmp_path))
