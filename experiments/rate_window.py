@@ -8,9 +8,9 @@ from 5e-3 to 2e-2. This test asks it on new seeds, with the runs, endpoints, sta
 fixed in this file and committed before the first run (``PREREGISTRATION``; ``results/rate_window/
 preregistration.md`` is written from it and a changed design is refused):
 
-    python experiments/rate_window.py                 # train what is missing (resumable), then write the report
+    python experiments/rate_window.py                 # train what is missing (resumable), then the report + figure
     python experiments/rate_window.py --shard 1/2     # one machine's (or one core's) share; no report
-    python experiments/rate_window.py --report        # the report from the finished runs only (interim or final)
+    python experiments/rate_window.py --report        # report.md and window.png from the finished runs only
 
 Each run is the depth ablation's rate-stage run (``depth_ablation_runs.make_config``, protocol ``rates``: train
 without the 285 validation images → validation). The window of a column at a depth for one seed (``window_size``):
@@ -247,8 +247,9 @@ def _comparison_rows(result: cait_claims.ClaimResult, values) -> list[list[str]]
                      f"{acc.t:.2f}" if acc else "–", f"{acc.dof:.1f}" if acc else "–",
                      cait_claims._p(acc.p if acc else None), cait_claims._p(c.accuracy_p_holm),
                      f"{div[0]} vs {div[1]}: p {cait_claims._p(div[2])}, Holm {cait_claims._p(c.divergence_p_holm)}"
-                     if div else "none diverged", c.outcome])
-    rows += [[cait_claims._cell_name(b), "–", "–", "no runs", "–", "–", "–", "–", "–", "–", "not tested"]
+                     if div else "none diverged",
+                     f"{c.detectable[0]:.2f} / {c.detectable[1]:.2f}" if c.detectable else "–", c.outcome])
+    rows += [[cait_claims._cell_name(b), "–", "–", "no runs", "–", "–", "–", "–", "–", "–", "–", "not tested"]
              for _, b in result.missing]
     return rows
 
@@ -289,11 +290,17 @@ def write_report(out: str = OUT, command: str = "python experiments/rate_window.
              f"Per comparison (`cait_claims.compare`): Welch's t-test on the endpoint's values of the runs that did "
              f"not diverge (difference of means, Welch–Satterthwaite 95% CI, t, df) and, when a run diverged in "
              f"either column, Fisher's exact test on the divergence counts; Holm's correction over every test of "
-             f"one endpoint's {_OTHERS} comparisons (family-wise α = {ALPHA:g}). A diverged run is `div`.\n"]
+             f"one endpoint's {_OTHERS} comparisons (family-wise α = {ALPHA:g}). A diverged run is `div`. "
+             f"\"detectable\" (added after the runs, a statement of resolution, not a rule; "
+             f"`cait_claims.detectable`): the difference Welch's test detects with {POWER:.0%} probability at the "
+             f"comparison's observed SDs and seeds, at Holm's strictest level α/m and at α.\n\n"
+             f"![Each run's validation accuracy below its seed's best, per column, rate and depth; the window is the "
+             f"band within {WINDOW_POINTS:g} point](window.png)\n"]
     for endpoint, (result, complete) in analyse(records).items():
         status = f"**{result.verdict}**" if complete else "**interim: not decided** (depth-48 runs missing)"
         header = ["LayerScale vs", "LayerScale per seed", "column per seed", "converged/runs",
-                  "difference [95% CI]", "Welch t", "df", "p", "p (Holm)", "diverged (Fisher)", "outcome"]
+                  "difference [95% CI]", "Welch t", "df", "p", "p (Holm)", "diverged (Fisher)",
+                  f"detectable, {POWER:.0%} power (α/m / α)", "outcome"]
         parts.append(f"\n## Endpoint: {endpoint} — {status}\n\n{result.claim.statement}.\n\n"
                      + sweep.markdown_table(header, _comparison_rows(result, _seed_values(records, endpoint))))
     for depth in (DEEP, SHALLOW):
@@ -317,6 +324,65 @@ def write_report(out: str = OUT, command: str = "python experiments/rate_window.
     return text
 
 
+def points_below_best(records: Sequence[dict]) -> dict[str, float | None]:
+    """``{run_id: 100 · (c_best − c_r) / N}`` for every finished run (None when it diverged): how far below its
+    column, depth and seed's best run it fell, in points; the window is the runs at most ``WINDOW_POINTS`` below."""
+    out = {}
+    for r in records:
+        mine = [correct_images(o) for o in _runs(records, r["scheme"], r["warmup"], r["depth"], r["seed"])
+                if not o["diverged"]]
+        out[r["run_id"]] = None if r["diverged"] else 100 * (max(mine) - correct_images(r)) / VALIDATION_IMAGES
+    return out
+
+
+def write_figure(out: str = OUT) -> str:
+    """``window.png``: a panel per column; each run a mark at its rate and its points below its seed's best
+    (``points_below_best``; symmetric-log axis, linear within 1 point), depth 48 filled right of the rate, depth 6
+    open left of it, seeds offset; a diverged run an ``x`` on the bottom line; the window (within
+    ``WINDOW_POINTS``) shaded; each panel titled with its per-seed W at both depths."""
+    import depth_ablation_plots as plots
+    records = finished_records(out)
+    below, ws = points_below_best(records), windows(records)
+    plt = sweep.pyplot()
+    fig, axes = plt.subplots(2, 4, figsize=(11, 5.6), sharex=True, sharey=True, layout="constrained")
+    floor = 100.0                                  # where a diverged run is drawn
+    for ax, (scheme, warmup) in zip(axes.flat, COLUMNS):
+        ax.axhspan(0, WINDOW_POINTS, color="0.9", zorder=0)
+        colour = plots.colour(scheme)
+        for depth, filled in ((SHALLOW, False), (DEEP, True)):
+            for r in _runs(records, scheme, warmup, depth):      # depth 6 left of the rate, 48 right; seeds spread
+                x = r["learning_rate"] * (1.13 if filled else 0.88) * 1.05 ** (r["seed"] - SEEDS[1])
+                y = floor if below[r["run_id"]] is None else below[r["run_id"]]
+                ax.scatter([x], [y], s=18, marker="x" if r["diverged"] else "o", color=colour,
+                           facecolors=(colour if filled else "none") if not r["diverged"] else None, linewidths=0.9)
+        title = [da.column_label(scheme, warmup)]
+        for depth in (DEEP, SHALLOW):
+            seeds = [str(ws[(scheme, warmup, depth, k)]) for k in SEEDS if (scheme, warmup, depth, k) in ws]
+            title.append(f"W@{depth}: {', '.join(seeds) or '–'}")
+        ax.set_title(f"{title[0]}\n{title[1]}; {title[2]}", fontsize=8)
+        ax.set_xscale("log")
+        ax.set_xticks(RATES, [f"{r:g}" for r in RATES], fontsize=7)
+        ax.minorticks_off()
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_ylim(-0.2, floor * 1.6)
+        ax.set_yticks([0, 1, 3, 10, 30, floor], ["0", "1", "3", "10", "30", "div"], fontsize=7)
+        ax.tick_params(axis="y", labelleft=True)
+    axes[0][0].invert_yaxis()                      # shared: best at the top, diverged at the bottom
+    for ax in axes[:, 0]:
+        ax.set_ylabel("points below the seed's best", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("learning rate", fontsize=8)
+    decided = {e: (r.verdict if complete else "interim") for e, (r, complete) in analyse(records).items()}
+    fig.suptitle(f"Validation accuracy below each seed's best run (seeds {', '.join(map(str, SEEDS))}, offset; "
+                 f"filled, right of each rate: depth {DEEP}; open, left: depth {SHALLOW}; shaded: within "
+                 f"{WINDOW_POINTS:g} point, the window; x: diverged). {len(records)} of {len(specs())} runs.\n"
+                 + "; ".join(f"{e}: {v}" for e, v in decided.items()), fontsize=8)
+    path = os.path.join(out, "window.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_preregistration(out: str = OUT) -> str:
     return sweep.write_preregistration(out, PREREGISTRATION, "rate_window.PREREGISTRATION")
 
@@ -324,7 +390,7 @@ def write_preregistration(out: str = OUT) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shard", default=None, metavar="I/N", help="train only shard I of N; no report")
-    parser.add_argument("--report", action="store_true", help="only write the report from finished runs")
+    parser.add_argument("--report", action="store_true", help="only write report.md and window.png from finished runs")
     args = parser.parse_args(argv)
     try:
         if args.shard:
@@ -335,6 +401,7 @@ def main(argv=None) -> None:
     if not args.report:
         run(args.shard)
     if not args.shard:
+        write_figure()
         print(write_report())
 
 

@@ -175,6 +175,31 @@ def test_the_report_shows_every_seed_and_says_interim_until_complete(tmp_path):
     assert "## Endpoint: window — **interim: not decided**" in rw.write_report(str(tmp_path), command="pytest")
 
 
+def test_the_report_states_each_comparisons_detectable_difference_by_hand(tmp_path):
+    # LayerScale W 3, 4, 5 (SD 1) vs none 1, 2, 2 (SD 0.577), 3 a side: 80% power at α/m (m = 7 tests) and at α
+    os.makedirs(tmp_path / "runs")
+    for r in _all({("layerscale", True): (3, 4, 5), ("none", True): (1, 2, 2)}):
+        rw.sweep.write_json_atomically(rw.sweep.record_path(str(tmp_path), r["run_id"]), r)
+    strict = rw.sweep.detectable_difference(1.0, math.sqrt(1 / 3), 3, 3, 0.05 / 7)
+    loose = rw.sweep.detectable_difference(1.0, math.sqrt(1 / 3), 3, 3, 0.05)
+    assert 0 < loose < strict
+    row = next(line for line in rw.write_report(str(tmp_path), command="pytest").splitlines()
+               if line.startswith("| `none` @ 48 | 3, 4, 5 | 1, 2, 2 |"))
+    assert row.endswith(f"| {strict:.2f} / {loose:.2f} | not resolved |")
+
+
+def test_points_below_best_is_the_gap_to_the_seeds_best_run_in_points_and_the_figure_draws(tmp_path):
+    runs = [_run(rate=2e-3, correct=277), _run(rate=5e-3, correct=280), _run(rate=2e-2, diverged=True),
+            _run(seed=6, rate=2e-3, correct=271), _run(seed=6, rate=5e-3, correct=285)]
+    below = rw.points_below_best(runs)
+    assert [below[r["run_id"]] for r in runs] == pytest.approx([300 / 285, 0, None, 1400 / 285, 0])
+    os.makedirs(tmp_path / "runs")
+    for r in _all({}):
+        rw.sweep.write_json_atomically(rw.sweep.record_path(str(tmp_path), r["run_id"]), r)
+    path = rw.write_figure(str(tmp_path))
+    assert path.endswith("window.png") and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
 def test_the_cost_arithmetic_that_chose_depth_48_is_what_the_committed_records_give():
     by_depth = {}
     for path in glob.glob(os.path.join(da_protocol.CONVERGED_OUT, "final", "runs", "*.json")):
