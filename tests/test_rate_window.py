@@ -225,3 +225,40 @@ def test_the_committed_report_is_what_the_committed_records_give(tmp_path):
     shutil.copytree(os.path.join(rw.OUT, "runs"), tmp_path / "runs")
     assert rw.write_report(str(tmp_path)) == open(os.path.join(rw.OUT, "report.md")).read()
     assert {r["run_id"] for r in rw.finished_records()} <= {s.run_id for s in rw.specs()}
+
+
+def _section(text: str, start: str, end: str) -> str:
+    """The text from ``start`` up to ``end``, whitespace collapsed and the typographic minus made ASCII."""
+    part = text[text.index(start):]
+    return " ".join(part[:part.index(end)].split()).replace("−", "-")
+
+
+def test_the_write_ups_quote_the_decided_report():
+    """README's and experiments/README's rate-window result is the committed records' analysis: each endpoint's
+    verdict, its range of differences and detectable differences, and every difference with its interval that they
+    quote is one of the report's comparisons (a change of records that changes the report must update them)."""
+    import re
+    records = rw.finished_records()
+    results = rw.analyse(records)
+    assert all(complete for _, complete in results.values())        # every depth-48 run is committed
+    root = rw.da.ROOT
+    readme = _section(open(os.path.join(root, "README.md")).read(),
+                      "Whether LayerScale's usable rate window", "```bash")
+    experiments = _section(open(os.path.join(root, "experiments", "README.md")).read(),
+                           "### A pre-registered test: the usable rate window", "### Pre-registered (2026-12-05")
+    comparisons = set()
+    for endpoint, (result, _) in results.items():
+        differences = [c.accuracy.difference for c in result.comparisons if c.accuracy]
+        detectable = [x for c in result.comparisons if c.detectable for x in c.detectable]
+        comparisons |= {(round(c.accuracy.difference, 2), round(c.accuracy.ci_low, 2), round(c.accuracy.ci_high, 2))
+                        for c in result.comparisons if c.accuracy}
+        span = f"{min(differences):+.2f} … {max(differences):+.2f}"
+        for name, text in (("README.md", readme), ("experiments/README.md", experiments)):
+            assert f"**{result.verdict}**" in text and span in text, (name, endpoint, span)
+        assert f"{min(detectable):.2f}–{max(detectable):.2f}" in experiments, endpoint
+    number = r"([+-]?\d+\.\d+)"
+    for text in (readme, experiments):
+        quoted = {tuple(map(float, m)) for m in re.findall(rf"{number} \[{number}, {number}\]", text)}
+        assert quoted and quoted <= comparisons, quoted - comparisons
+    shallow = sum(r["depth"] == rw.SHALLOW for r in records)
+    assert f"Depth 6 (descriptive): {shallow} of 120 runs" in experiments
