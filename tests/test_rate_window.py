@@ -262,3 +262,23 @@ def test_the_write_ups_quote_the_decided_report():
         assert quoted and quoted <= comparisons, quoted - comparisons
     shallow = sum(r["depth"] == rw.SHALLOW for r in records)
     assert f"Depth 6 (descriptive): {shallow} of 120 runs" in experiments
+
+
+def test_the_write_ups_quote_the_depth_6_to_48_window_change():
+    """The descriptive change of each column's mean window from depth 6 to 48 quoted in the write-ups is the
+    committed records' (range over the columns, LayerScale's and `none`'s)."""
+    ws = rw.windows(rw.finished_records())
+    mean = {(s, w, d): statistics.mean(ws[(s, w, d, k)] for k in rw.SEEDS) for s, w in rw.COLUMNS for d in rw.DEPTHS}
+    change = {(s, w): mean[(s, w, rw.DEEP)] - mean[(s, w, rw.SHALLOW)] for s, w in rw.COLUMNS}
+    span = f"{min(change.values()):+.2f} … {max(change.values()):+.2f}"
+    readme = _section(open(os.path.join(rw.da.ROOT, "README.md")).read(),
+                      "Whether LayerScale's usable rate window", "```bash")
+    experiments = _section(open(os.path.join(rw.da.ROOT, "experiments", "README.md")).read(),
+                           "### A pre-registered test: the usable rate window", "### Pre-registered (2026-12-05")
+    assert span in readme and span in experiments
+    layerscale = change[("layerscale", True)]
+    assert layerscale == change[("none", True)] and f"LayerScale's by {layerscale:+.2f} like plain pre-norm's" in readme
+    for depth in rw.DEPTHS:
+        values = [mean[(s, w, depth)] for s, w in rw.COLUMNS]
+        assert f"{min(values):.2f}–{max(values):.2f} rates at depth {depth}" in experiments \
+            or f"{min(values):.2f}–{max(values):.2f} at {depth}" in experiments, depth
