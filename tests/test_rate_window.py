@@ -5,6 +5,7 @@ import glob
 import json
 import math
 import os
+import re
 import statistics
 import sys
 
@@ -237,7 +238,6 @@ def test_the_write_ups_quote_the_decided_report():
     """README's and experiments/README's rate-window result is the committed records' analysis: each endpoint's
     verdict, its range of differences and detectable differences, and every difference with its interval that they
     quote is one of the report's comparisons (a change of records that changes the report must update them)."""
-    import re
     records = rw.finished_records()
     results = rw.analyse(records)
     assert all(complete for _, complete in results.values())        # every depth-48 run is committed
