@@ -247,6 +247,17 @@ def _p(p: float | None) -> str:
     return "–" if p is None else f"{p:.3g}"
 
 
+def comparison_cells(c: Comparison) -> list[str]:
+    """One comparison's table cells: converged/runs, difference [95% CI], Welch t, df, p, p (Holm), the divergence
+    counts with Fisher's p, the detectable difference (α/m / α) and the outcome."""
+    acc, div = c.accuracy, c.divergence
+    return [c.runs, f"{acc.difference:+.2f} [{acc.ci_low:+.2f}, {acc.ci_high:+.2f}]" if acc else "–",
+            f"{acc.t:.2f}" if acc else "–", f"{acc.dof:.1f}" if acc else "–", _p(acc.p if acc else None),
+            _p(c.accuracy_p_holm),
+            f"{div[0]} vs {div[1]}: p {_p(div[2])}, Holm {_p(c.divergence_p_holm)}" if div else "none diverged",
+            f"{c.detectable[0]:.2f} / {c.detectable[1]:.2f}" if c.detectable else "–", c.outcome]
+
+
 METHOD = (f"Per comparison: Welch's t-test on the final test accuracy of the converged runs (difference of means, "
           f"Welch–Satterthwaite 95% CI, t, df), and when a run diverged in either cell, Fisher's exact test on the "
           f"divergence counts; Holm's correction over every test of a claim (family-wise α = {ALPHA}). Rules fixed "
@@ -268,14 +279,7 @@ def write_claims(records: list[dict], path: str, title: str, value, depths: Sequ
     for r in results:
         rows = []
         for c in r.comparisons:
-            acc, div = c.accuracy, c.divergence
-            rows.append([f"{_cell_name(c.better)} vs {_cell_name(c.worse)}", c.runs,
-                         f"{acc.difference:+.2f} [{acc.ci_low:+.2f}, {acc.ci_high:+.2f}]" if acc else "–",
-                         f"{acc.t:.2f}" if acc else "–", f"{acc.dof:.1f}" if acc else "–",
-                         _p(acc.p if acc else None), _p(c.accuracy_p_holm),
-                         f"{div[0]} vs {div[1]}: p {_p(div[2])}, Holm {_p(c.divergence_p_holm)}" if div
-                         else "none diverged", f"{c.detectable[0]:.2f} / {c.detectable[1]:.2f}" if c.detectable
-                         else "–", c.outcome])
+            rows.append([f"{_cell_name(c.better)} vs {_cell_name(c.worse)}"] + comparison_cells(c))
         rows += [[f"{_cell_name(a)} vs {_cell_name(b)}", "no runs", "–", "–", "–", "–", "–", "–", "–", "not tested"]
                  for a, b in r.missing]
         parts.append(f"\n### Claim {r.claim.name}: {r.verdict}\n\n{r.claim.statement}.\n\n" + sweep.markdown_table(

@@ -239,16 +239,8 @@ def analyse(records: Sequence[dict]) -> dict[str, tuple[cait_claims.ClaimResult,
 # The report
 # ---------------------------------------------------------------------------------------------------------------
 def _comparison_rows(result: cait_claims.ClaimResult, values) -> list[list[str]]:
-    rows = []
-    for c in result.comparisons:
-        acc, div = c.accuracy, c.divergence
-        rows.append([cait_claims._cell_name(c.worse), values(c.better), values(c.worse), c.runs,
-                     f"{acc.difference:+.2f} [{acc.ci_low:+.2f}, {acc.ci_high:+.2f}]" if acc else "–",
-                     f"{acc.t:.2f}" if acc else "–", f"{acc.dof:.1f}" if acc else "–",
-                     cait_claims._p(acc.p if acc else None), cait_claims._p(c.accuracy_p_holm),
-                     f"{div[0]} vs {div[1]}: p {cait_claims._p(div[2])}, Holm {cait_claims._p(c.divergence_p_holm)}"
-                     if div else "none diverged",
-                     f"{c.detectable[0]:.2f} / {c.detectable[1]:.2f}" if c.detectable else "–", c.outcome])
+    rows = [[cait_claims._cell_name(c.worse), values(c.better), values(c.worse)] + cait_claims.comparison_cells(c)
+            for c in result.comparisons]
     rows += [[cait_claims._cell_name(b), "–", "–", "no runs", "–", "–", "–", "–", "–", "–", "–", "not tested"]
              for _, b in result.missing]
     return rows

@@ -234,6 +234,15 @@ def _section(text: str, start: str, end: str) -> str:
     return " ".join(part[:part.index(end)].split()).replace("−", "-")
 
 
+def _write_up_sections() -> tuple[str, str]:
+    """The rate-window result in README.md and in experiments/README.md (``_section``)."""
+    readme = _section(open(os.path.join(rw.da.ROOT, "README.md")).read(),
+                      "Whether LayerScale's usable rate window", "```bash")
+    experiments = _section(open(os.path.join(rw.da.ROOT, "experiments", "README.md")).read(),
+                           "### A pre-registered test: the usable rate window", "### Pre-registered (2026-12-05")
+    return readme, experiments
+
+
 def test_the_write_ups_quote_the_decided_report():
     """README's and experiments/README's rate-window result is the committed records' analysis: each endpoint's
     verdict, its range of differences and detectable differences, and every difference with its interval that they
@@ -241,11 +250,7 @@ def test_the_write_ups_quote_the_decided_report():
     records = rw.finished_records()
     results = rw.analyse(records)
     assert all(complete for _, complete in results.values())        # every depth-48 run is committed
-    root = rw.da.ROOT
-    readme = _section(open(os.path.join(root, "README.md")).read(),
-                      "Whether LayerScale's usable rate window", "```bash")
-    experiments = _section(open(os.path.join(root, "experiments", "README.md")).read(),
-                           "### A pre-registered test: the usable rate window", "### Pre-registered (2026-12-05")
+    readme, experiments = _write_up_sections()
     comparisons = set()
     for endpoint, (result, _) in results.items():
         differences = [c.accuracy.difference for c in result.comparisons if c.accuracy]
@@ -271,10 +276,7 @@ def test_the_write_ups_quote_the_depth_6_to_48_window_change():
     mean = {(s, w, d): statistics.mean(ws[(s, w, d, k)] for k in rw.SEEDS) for s, w in rw.COLUMNS for d in rw.DEPTHS}
     change = {(s, w): mean[(s, w, rw.DEEP)] - mean[(s, w, rw.SHALLOW)] for s, w in rw.COLUMNS}
     span = f"{min(change.values()):+.2f} … {max(change.values()):+.2f}"
-    readme = _section(open(os.path.join(rw.da.ROOT, "README.md")).read(),
-                      "Whether LayerScale's usable rate window", "```bash")
-    experiments = _section(open(os.path.join(rw.da.ROOT, "experiments", "README.md")).read(),
-                           "### A pre-registered test: the usable rate window", "### Pre-registered (2026-12-05")
+    readme, experiments = _write_up_sections()
     assert span in readme and span in experiments
     layerscale = change[("layerscale", True)]
     assert layerscale == change[("none", True)] and f"LayerScale's by {layerscale:+.2f} like plain pre-norm's" in readme
