@@ -22,6 +22,7 @@ INSTALL_REQUIRES = [
     "tensorflow-cpu==2.21.0",
     "importlib_resources>=6.0",
     "scikit-learn>=1.4",
+    "mnist1d==0.0.2.post1",         # the offline `mnist1d` dataset's generator (Greydanus & Kobak; data/mnist1d.py)
     "scipy>=1.11",                  # experiments/: Welch's test and intervals, Fisher's exact test, t quantiles
     "Pillow>=10.0",
 ]

@@ -107,9 +107,11 @@ def run(specs: Sequence, train: Callable[[object], dict], out: str, *, cost: Cal
 
     ``train(spec)`` returns the run's record, which must hold ``seconds`` (its wall time) and ``diverged``; ``run``
     adds ``cpu_seconds``, the process's CPU time over the run (all its threads; unlike ``seconds`` it leaves out
-    time the process was stopped or waiting for a core), and ``machine``: what it ran on (CPU model, threads,
-    accelerator, versions) and the load average at its start and end (``layerscale_jax.bench.timing
-    .machine_info``), so a time in a record names its machine. The ETA
+    time the process was stopped or waiting for a core), ``started_utc`` (when it started), ``code``
+    (``code_version``: the git commit it ran and whether the checkout differed from it) and ``machine``: what it ran
+    on (CPU model, threads, the cores it was allowed, its nice value, accelerator, versions) and the load average at
+    its start and end (``layerscale_jax.bench.timing.machine_info``), so a number in a record names its code and
+    machine. The ETA
     assumes a run's time is proportional to ``cost(spec)`` (e.g. the depth) and extrapolates from the runs trained
     in this session. ``outcome(record)`` is the log's word on a finished run (default: ``DIVERGED`` or ``done``)."""
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
@@ -124,10 +126,13 @@ def run(specs: Sequence, train: Callable[[object], dict], out: str, *, cost: Cal
             log(f"[{done_before + i + 1}/{len(specs)} runs done] {spec.run_id}: recorded by another process")
             continue
         load_at_start = [round(x, 2) for x in os.getloadavg()]
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         cpu_start = time.process_time()
         record = train(spec)
         record["cpu_seconds"] = time.process_time() - cpu_start
-        record["machine"] = {**machine_info(), "load_average_start": load_at_start}
+        record["started_utc"], record["code"] = started, code_version()
+        record["machine"] = {**machine_info(), "load_average_start": load_at_start,
+                             "cpu_affinity": sorted(os.sched_getaffinity(0)), "nice": os.nice(0)}
         write_json_atomically(record_path(out, spec.run_id), record)
         seconds_done += record["seconds"]
         cost_done += cost(spec)
@@ -137,6 +142,20 @@ def run(specs: Sequence, train: Callable[[object], dict], out: str, *, cost: Cal
         log(f"[{done_before + i + 1}/{len(specs)} runs done] {spec.run_id}: {said} in {record['seconds']:.1f} s"
             f" | ETA {format_seconds(eta)}")
     return load_records(out)
+
+
+def code_version() -> dict:
+    """``{"commit": HEAD of this checkout, "modified": whether tracked files differ from it}`` (``None``s outside a
+    git checkout): the code a record's run trained with."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args):
+        proc = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "modified": None if status is None else bool(status)}
 
 
 def enable_compilation_cache(directory: str | None = None) -> None:

@@ -296,8 +296,8 @@ def evaluate(model: nnx.Module, config: ml_collections.ConfigDict, split: str | 
     info = get_dataset_info(data)
     cfg = model.cfg
     for field, expected in (("num_classes", info.num_classes), ("img_size", info.image_size),
-                            ("in_chans", info.channels)):
-        found = getattr(cfg, field, expected)
+                            ("in_chans", info.channels), ("patch_dims", info.input_dims)):
+        found = getattr(cfg, field, 2 if field == "patch_dims" else expected)
         if found != expected:
             raise ConfigError(f"the model's {field}={found!r} does not match dataset {info.name!r} ({field} = "
                               f"{expected})")

@@ -143,15 +143,25 @@ GLOBAL_POOLS = ("token", "avg")
 @dataclasses.dataclass(frozen=True)
 class ViTConfig(ArchConfig):
     """``ArchConfig`` plus: global_pool (``token`` | ``avg``); attention_impl, how attention is computed
-    (``auto`` | ``einsum`` | ``xla`` | ``cudnn``, ``layers.attention``: the same function, only the speed differs)."""
+    (``auto`` | ``einsum`` | ``xla`` | ``cudnn``, ``layers.attention``: the same function, only the speed differs);
+    patch_dims: 2 for NHWC images cut into ``patch_size × patch_size`` patches, 1 for 1-D signals ``(batch,
+    img_size, in_chans)`` (mnist1d) cut into patches of ``patch_size`` samples — ``img_size`` is then the signal's
+    length and there are ``img_size / patch_size`` patches; everything after the patch embedding is unchanged."""
     global_pool: str = "token"
     attention_impl: str = "auto"
+    patch_dims: int = 2
 
     def validate(self) -> None:
         super().validate()
         validate_attention_impl(self.attention_impl)
         if self.global_pool not in GLOBAL_POOLS:
             raise ConfigError(f"global_pool={self.global_pool!r} is not one of {GLOBAL_POOLS}")
+        if self.patch_dims not in (1, 2) or isinstance(self.patch_dims, bool):
+            raise ConfigError(f"patch_dims={self.patch_dims!r} must be 1 (1-D signals) or 2 (images)")
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size ** self.patch_dims
 
 
 @dataclasses.dataclass(frozen=True)

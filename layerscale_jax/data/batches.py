@@ -139,3 +139,26 @@ class EvalBatch:
             x[i] = transforms.resize_center_crop(image, size, self.s.crop_pct)
             labels[i], mask[i] = label, True
         return {"image": x, "label": labels, "mask": mask, "_bad": np.int64(bad)}
+
+
+class SignalBatch:
+    """Batch j of 1-D signals held in memory (``sources.SignalSource``), used as generated (no augmentation).
+
+    Train (``order`` given): {"image": float32 [b, L, 1], "label": int32 [b], "_valid": bool [b]}, the records of
+    the positions of batch j in ``order``, as ``TrainBatch`` draws them. Eval (``order`` None): one pass in record
+    order, positions past the end padding (mask False), {"image", "label", "mask", "_bad"} as ``EvalBatch``."""
+
+    def __init__(self, source, geometry, order=None):
+        self.source, self.g, self.order = source, geometry, order
+
+    def __call__(self, j):
+        positions = self.g.positions(j)
+        signals, labels = self.source.signals, self.source.labels
+        if self.order is not None:
+            keys = self.order.keys(positions)
+            return {"image": signals[keys][..., None], "label": labels[keys].astype(np.int32),
+                    "_valid": np.ones(len(keys), bool)}
+        mask = positions < len(labels)
+        keys = np.where(mask, positions, 0)
+        return {"image": np.where(mask[:, None, None], signals[keys][..., None], np.float32(0)),
+                "label": np.where(mask, labels[keys], 0).astype(np.int32), "mask": mask, "_bad": np.int64(0)}

@@ -6,8 +6,9 @@ any attribute object; missing fields take the defaults for its `name`) and retur
 `ValueError` naming the field and the value at the boundary where a bad value enters.
 
 Fields (`data.*`):
-  name               'digits' (offline default), 'synthetic', or any TFDS image-classification name ('cifar10',
-                     'imagenet2012', ...) prepared as array_record in `data_dir`.
+  name               'digits' (offline default), 'mnist1d' (offline, 1-D signals: `data.mnist1d`), 'synthetic', or
+                     any TFDS image-classification name ('cifar10', 'imagenet2012', ...) prepared as array_record in
+                     `data_dir`.
   data_dir           TFDS data directory; None -> $TFDS_DATA_DIR, else ~/tensorflow_datasets. A local path (`~`
                      expanded), file://PATH or gs://BUCKET/PATH (docs/storage.md).
   train_split        the split trained on: 'train', or any TFDS split string ('train[:99%]'; digits also has
@@ -16,6 +17,7 @@ Fields (`data.*`):
                      'validation' (imagenet2012). Metrics of the 'test' split are named test_*, of any other split
                      val_* (select rates and budgets on 'validation'; report 'test' once, for the final runs).
   image_size         square side (pixels) the model sees. digits: 8 (native), cifar*/synthetic: 32, others: 224.
+                     mnist1d: the signal's length, which must equal `data.mnist1d.final_seq_length` (40).
   num_workers        grain worker processes per host (0 = batches are built in the calling process).
   prefetch           batches built ahead in background threads of each process (0 = synchronous).
   read_block         0: each epoch is a uniform permutation of the train records. > 0: a read plan for sharded
@@ -46,6 +48,12 @@ Fields (`data.*`):
   num_classes, channels, num_train, num_test   synthetic only: the shape of the random dataset.
   synthetic_jpeg_shape         synthetic only: None (raw uint8 images of image_size) or (height, width): records
                                are JPEG bytes of that shape, so the decode path is exercised (benchmarks).
+  mnist1d.*          mnist1d only (`data.mnist1d`, `layerscale_jax.data.mnist1d`): the split sizes `num_train`,
+                     `num_validation`, `num_test` and the generator's arguments (`seed`, `template_len`, `padding`,
+                     `scale_coeff`, `max_translation`, `corr_noise_scale`, `iid_noise_scale`, `shear_scale`,
+                     `final_seq_length`; the package's defaults). Its splits are 'train', 'validation' and 'test';
+                     the signals are used as generated: every `augment` field is off, CutMix is refused (it cuts
+                     image boxes), `cache` is ignored (the splits are arrays in memory).
 """
 
 import dataclasses
@@ -55,6 +63,9 @@ from collections.abc import Mapping
 
 import ml_collections
 
+from layerscale_jax.data.mnist1d import NAME as MNIST1D
+from layerscale_jax.data.mnist1d import SPLITS as MNIST1D_SPLITS
+from layerscale_jax.data.mnist1d import Mnist1dSettings
 from layerscale_jax.errors import ConfigError, did_you_mean
 from layerscale_jax.paths import as_path
 
@@ -77,12 +88,14 @@ _AUGMENT_FIELDS = (
 def default_data_config(name=DIGITS):
     """Returns a ConfigDict with every data field, with the defaults for dataset `name`."""
     small = name in (DIGITS, SYNTHETIC) or name.startswith("cifar") or "mnist" in name
+    signals = name == MNIST1D
     cfg = ml_collections.ConfigDict()
     cfg.name = name
     cfg.data_dir = ml_collections.FieldReference(None, field_type=str)
     cfg.train_split = "train"
     cfg.eval_split = ml_collections.FieldReference(None, field_type=str)
-    cfg.image_size = 8 if name == DIGITS else (32 if small else 224)
+    cfg.image_size = (8 if name == DIGITS else (32 if small else 224)) if not signals else \
+        Mnist1dSettings.final_seq_length
     cfg.num_workers = 0
     cfg.prefetch = 2
     cfg.read_block = 0
@@ -95,7 +108,7 @@ def default_data_config(name=DIGITS):
             "random_resized_crop": not small,
             "crop_scale": (0.08, 1.0),
             "interpolation": "bicubic",
-            "crop_padding": 1 if name == DIGITS else (4 if small and name != SYNTHETIC else 0),
+            "crop_padding": 1 if name == DIGITS else (4 if small and name not in (SYNTHETIC, MNIST1D) else 0),
             "hflip": name != DIGITS and "mnist" not in name,
             "three_augment": not small,
             "color_jitter": 0.0 if small else 0.3,
@@ -113,6 +126,8 @@ def default_data_config(name=DIGITS):
     cfg.num_train = 1024
     cfg.num_test = 256
     cfg.synthetic_jpeg_shape = ml_collections.FieldReference(None, field_type=tuple)
+    if signals:
+        cfg.mnist1d = ml_collections.ConfigDict({f.name: f.default for f in dataclasses.fields(Mnist1dSettings)})
     return cfg
 
 
@@ -163,6 +178,7 @@ class DataSettings:
     num_train: int
     num_test: int
     synthetic_jpeg_shape: tuple | None
+    mnist1d: Mnist1dSettings | None = None
 
 
 # Input at pod scale (the ImageNet configs): ArrayRecord shards on a bucket, read by every host.
@@ -333,6 +349,11 @@ def validate_data_config(cfg):
         ):
             raise ConfigError(f"data.synthetic_jpeg_shape must be None or (height, width), got {jpeg_shape!r}")
         jpeg_shape = (int(jpeg_shape[0]), int(jpeg_shape[1]))
+    signals = None
+    if name == MNIST1D:
+        signals = _mnist1d_settings(get("mnist1d"), defaults.mnist1d)
+        _check_signal_fields(augment, aug_defaults, get("cutmix_alpha"), image_size, signals,
+                             (("train_split", train_split), ("eval_split", eval_split)))
     return DataSettings(
         name=name,
         data_dir=data_dir,
@@ -355,4 +376,51 @@ def validate_data_config(cfg):
         num_train=_int(get("num_train"), "num_train", 1),
         num_test=_int(get("num_test"), "num_test", 1),
         synthetic_jpeg_shape=jpeg_shape,
+        mnist1d=signals,
     )
+
+
+def _mnist1d_settings(cfg, defaults) -> Mnist1dSettings:
+    """``data.mnist1d`` checked: sizes ≥ 1 with a multiple of 10 in all (the generator draws ``n // 10`` signals
+    per class), a non-negative seed, ``padding`` (low, high) with 0 ≤ low ≤ high, positive lengths, non-negative
+    scales."""
+    _check_unknown(cfg, defaults.keys(), "data.mnist1d.")
+
+    def get(field):
+        return _get(cfg, field, defaults[field])
+
+    sizes = {f: _int(get(f), f"mnist1d.{f}", 1) for f in ("num_train", "num_validation", "num_test")}
+    if sum(sizes.values()) % 10:
+        raise ConfigError(f"data.mnist1d: num_train + num_validation + num_test = {sum(sizes.values())} must be a "
+                          "multiple of 10 (the generator draws the same number of signals of each class)")
+    padding = get("padding")
+    if (not isinstance(padding, (tuple, list)) or len(padding) != 2
+            or not all(isinstance(p, int) and not isinstance(p, bool) for p in padding)
+            or not 0 <= padding[0] <= padding[1]):
+        raise ConfigError(f"data.mnist1d.padding must be (low, high) integers with 0 <= low <= high, got {padding!r}")
+    return Mnist1dSettings(
+        **sizes, seed=_int(get("seed"), "mnist1d.seed", 0), padding=(int(padding[0]), int(padding[1])),
+        template_len=_int(get("template_len"), "mnist1d.template_len", 2),
+        max_translation=_int(get("max_translation"), "mnist1d.max_translation", 1),
+        final_seq_length=_int(get("final_seq_length"), "mnist1d.final_seq_length", 2),
+        **{f: _float(get(f), f"mnist1d.{f}", 0.0) for f in ("scale_coeff", "corr_noise_scale", "iid_noise_scale",
+                                                            "shear_scale")})
+
+
+def _check_signal_fields(augment, aug_defaults, cutmix_alpha, image_size, signals, splits) -> None:
+    """1-D signals are used as generated: no image augmentation, no CutMix; the length is the generator's."""
+    for field in _AUGMENT_FIELDS:
+        value = getattr(augment, field)
+        expected = parse_randaugment(aug_defaults[field]) if field == "randaugment" else aug_defaults[field]
+        if field != "crop_scale" and field != "interpolation" and value != expected:
+            raise ConfigError(f"data.augment.{field}={value!r}: mnist1d signals take no image augmentation "
+                              f"(leave it at {expected!r})")
+    if cutmix_alpha:
+        raise ConfigError(f"data.cutmix_alpha={cutmix_alpha!r}: CutMix cuts image boxes; mnist1d signals take "
+                          "mixup_alpha only")
+    if image_size != signals.final_seq_length:
+        raise ConfigError(f"data.image_size={image_size} must equal data.mnist1d.final_seq_length="
+                          f"{signals.final_seq_length} (the signal's length)")
+    for field, split in splits:
+        if split is not None and split not in MNIST1D_SPLITS:
+            raise ConfigError(f"data.{field}={split!r} is not a split of mnist1d {MNIST1D_SPLITS}")

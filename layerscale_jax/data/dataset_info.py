@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 
 from layerscale_jax.data import sources
-from layerscale_jax.data.config import DIGITS, SYNTHETIC, validate_data_config
+from layerscale_jax.data.config import DIGITS, MNIST1D, SYNTHETIC, validate_data_config
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # Per-dataset normalisation constants (mean, std of pixel values / 255 over the train split).
@@ -25,6 +25,8 @@ NORMALIZATION = {
 def normalization(name, channels):
     """(mean, std) tuples for dataset `name`; unknown names: ImageNet's (3 channels) or 0.5 / 0.5 (1 channel)."""
     base = name.split("/")[0].split(":")[0]
+    if base == MNIST1D:
+        return (0.0,) * channels, (1.0,) * channels   # standardised by the generator (data.mnist1d); not rescaled
     if base == SYNTHETIC:
         return (0.5,) * channels, (float(1 / np.sqrt(12)),) * channels
     if base in NORMALIZATION:
@@ -48,6 +50,7 @@ class DatasetInfo:
     std: tuple
     train_split: str = "train"
     eval_split: str = "test"
+    input_dims: int = 2  # 2: images (H, W, C); 1: signals (length, C), whose length is `image_size`
 
 
 def _info(settings, train_src, eval_src, num_classes, channels):
@@ -63,6 +66,7 @@ def _info(settings, train_src, eval_src, num_classes, channels):
         num_test=len(eval_src),
         mean=tuple(mean),
         std=tuple(std),
+        input_dims=1 if settings.name == MNIST1D else 2,
     )
 
 

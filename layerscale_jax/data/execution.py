@@ -17,16 +17,21 @@ from layerscale_jax.data import transforms
 
 
 class Normalize:
-    """The last stage of every batch: its uint8 "image" normalised into a new float32 array, the other arrays
-    copied. After the worker-process boundary, so what grain handed over in shared memory is read once and
-    released now (rather than by finalizers at interpreter exit, which fail noisily)."""
+    """The last stage of every batch: its uint8 "image" normalised into a new float32 array (``mean`` None: an
+    input that is standardised already, such as mnist1d's signals, copied as float32), the other arrays copied.
+    After the worker-process boundary, so what grain handed over in shared memory is read once and released now
+    (rather than by finalizers at interpreter exit, which fail noisily)."""
 
     def __init__(self, mean, std):
         self.mean, self.std = mean, std
 
+    def _image(self, x):
+        if self.mean is None:
+            return np.array(x, np.float32, copy=True)
+        return transforms.normalize(x, self.mean, self.std)
+
     def __call__(self, batch):
-        return {k: transforms.normalize(v, self.mean, self.std) if k == "image" else np.array(v, copy=True)
-                for k, v in batch.items()}
+        return {k: self._image(v) if k == "image" else np.array(v, copy=True) for k, v in batch.items()}
 
 
 def grain_iterator(batch_fn, normalize, start, stop, num_workers, prefetch):

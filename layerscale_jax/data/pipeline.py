@@ -21,8 +21,8 @@ import collections
 import numpy as np
 
 from layerscale_jax.data import sources
-from layerscale_jax.data.batches import EvalBatch, TrainBatch
-from layerscale_jax.data.config import validate_data_config
+from layerscale_jax.data.batches import EvalBatch, SignalBatch, TrainBatch
+from layerscale_jax.data.config import MNIST1D, validate_data_config
 from layerscale_jax.data.dataset_info import normalization
 from layerscale_jax.data.execution import Normalize, grain_iterator, release_handed_over_batches
 from layerscale_jax.data.order import Geometry, Order, process_rows
@@ -212,6 +212,11 @@ def make_train_iterator(data_config, *, global_batch_size, seed, process_index=N
         raise ConfigError(f"seed must be a non-negative int, got {seed!r}")
     seed = int(seed)
     train_src, _, num_classes, channels = sources.open_sources(settings)
+    if settings.name == MNIST1D:
+        order = Order(len(train_src), seed, settings.read_block, settings.read_window)
+        meta = _train_meta(settings, seed, global_batch_size, len(train_src), geometry)
+        return TrainIterator(SignalBatch(train_src, geometry, order), Normalize(None, None), geometry.per_process,
+                             settings, meta, 0)
     mean, std = normalization(settings.name, channels)
     records = Records(train_src, channels, num_classes, settings.skip_bad_records)
     fn = TrainBatch(settings, records, None, None, seed, geometry, channels, mean)
@@ -223,15 +228,20 @@ def make_train_iterator(data_config, *, global_batch_size, seed, process_index=N
     fn.cache, fn.order = cache, Order(num_records, seed, settings.read_block, settings.read_window)
     if cache is not None:
         fn.records = None  # Everything is in memory; do not ship the source to workers.
-    meta = {
+    meta = _train_meta(settings, seed, global_batch_size, num_records, geometry)
+    return TrainIterator(fn, Normalize(mean, std), geometry.per_process, settings, meta,
+                         cache.skipped if cache is not None else 0)
+
+
+def _train_meta(settings, seed, global_batch_size, num_records, geometry):
+    """What a saved iterator state must agree with (``TrainIterator.set_state``), and the rows it was read with."""
+    return {
         "dataset": settings.name,
         "seed": seed,
         "global_batch_size": global_batch_size,
         "num_records": num_records,
         "rows": [list(block) for block in geometry.rows],
     }
-    return TrainIterator(fn, Normalize(mean, std), geometry.per_process, settings, meta,
-                         cache.skipped if cache is not None else 0)
 
 
 def make_eval_iterator(data_config, *, global_batch_size, process_index=None, process_count=None, rows=None):
@@ -242,9 +252,11 @@ def make_eval_iterator(data_config, *, global_batch_size, process_index=None, pr
     settings = validate_data_config(data_config)
     geometry = Geometry(global_batch_size, process_rows(global_batch_size, process_index, process_count, rows))
     _, eval_src, num_classes, channels = sources.open_sources(settings)
-    mean, std = normalization(settings.name, channels)
-    records = Records(eval_src, channels, num_classes, settings.skip_bad_records)
     n = len(eval_src)
     num_batches = -(-n // global_batch_size)
+    if settings.name == MNIST1D:
+        return EvalIterator(SignalBatch(eval_src, geometry), Normalize(None, None), num_batches, settings)
+    mean, std = normalization(settings.name, channels)
+    records = Records(eval_src, channels, num_classes, settings.skip_bad_records)
     fn = EvalBatch(settings, records, n, geometry, channels)
     return EvalIterator(fn, Normalize(mean, std), num_batches, settings)

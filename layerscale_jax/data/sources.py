@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from layerscale_jax.data.config import DIGITS, SYNTHETIC
+from layerscale_jax.data.config import DIGITS, MNIST1D, SYNTHETIC
 from layerscale_jax.errors import ConfigError, InputFileError
 from layerscale_jax.paths import as_path, is_url
 
@@ -311,6 +311,37 @@ class SyntheticSource:
         return [(self._noise[o : o + n].reshape(shape), int(y)) for o, y in zip(offsets.astype(np.int64), labels)]
 
 
+class SignalSource:
+    """One split of 1-D signals held in memory (`mnist1d`): ``signals`` float32 [n, length], ``labels`` int32 [n].
+    The pipeline batches them without decoding or augmentation (``data.batches.SignalBatch``)."""
+
+    def __init__(self, name, split, signals, labels):
+        self.name, self.split, self.signals, self.labels = name, split, signals, labels
+
+    def __len__(self):
+        return len(self.labels)
+
+    def describe(self, key):
+        return f"record {int(key)} of '{self.name}' split '{self.split}'"
+
+    def read(self, keys):
+        return [(self.signals[int(k)], int(self.labels[int(k)])) for k in keys]
+
+
+def open_mnist1d(settings):
+    """(train source, eval source, num_classes, channels) of `mnist1d`: ``SignalSource``s, generated and stored in
+    the data dir on first use; one channel."""
+    from layerscale_jax.data import mnist1d
+
+    data_dir = resolve_data_dir(settings.data_dir)
+    if is_url(data_dir):
+        raise ConfigError(f"data.data_dir={data_dir!r}: mnist1d is generated on this machine; give a local data dir")
+    splits = mnist1d.load(data_dir, settings.mnist1d)
+    names = settings.train_split, settings.eval_split or "test"
+    train, evaluated = (SignalSource(MNIST1D, split, *splits[split]) for split in names)
+    return train, evaluated, mnist1d.NUM_CLASSES, 1
+
+
 def _splitmix64(x):
     """A fast, well-mixed hash of uint64 counters (Steele et al.'s SplitMix64 finaliser), vectorised."""
     with np.errstate(over="ignore"):
@@ -337,6 +368,8 @@ def open_sources(settings):
             settings.num_classes,
             settings.channels,
         )
+    if settings.name == MNIST1D:
+        return open_mnist1d(settings)
     data_dir = resolve_data_dir(settings.data_dir)
     builder = open_builder(settings.name, data_dir)
     train_split, eval_split = split_names(builder, settings.train_split, settings.eval_split)

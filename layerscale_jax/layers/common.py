@@ -146,22 +146,23 @@ class Mlp(nnx.Module):
 
 
 class PatchEmbed(nnx.Module):
-    """Non-overlapping ``patch × patch`` patches projected to ``dim``: a strided convolution on NHWC images.
+    """Non-overlapping ``patch × patch`` patches projected to ``dim``: a strided convolution on NHWC images
+    (``dims=1``: patches of ``patch`` samples of ``(batch, length, channels)`` signals, a strided 1-D convolution).
 
-    Output: ``(batch, (H/patch)·(W/patch), dim)`` in row-major patch order, as timm's ``PatchEmbed``.
-    Initialised as PyTorch's ``Conv2d`` (``torch_conv_uniform``), which timm and DeiT III keep.
+    Output: ``(batch, (H/patch)·(W/patch), dim)`` in row-major patch order, as timm's ``PatchEmbed``
+    (``(batch, length/patch, dim)`` for signals). Initialised as PyTorch's ``Conv2d`` (``torch_conv_uniform``), which
+    timm and DeiT III keep (``Conv1d``'s rule, the same fan-in, for signals).
     """
 
-    def __init__(self, patch_size: int, in_chans: int, dim: int, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs):
-        init = torch_conv_uniform(patch_size * patch_size * in_chans)
-        self.proj = nnx.Conv(in_chans, dim, kernel_size=(patch_size, patch_size),
-                             strides=(patch_size, patch_size), padding="VALID", dtype=dtype,
+    def __init__(self, patch_size: int, in_chans: int, dim: int, *, dims: int = 2, dtype=jnp.float32,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):
+        window = (patch_size,) * dims
+        init = torch_conv_uniform(patch_size ** dims * in_chans)
+        self.proj = nnx.Conv(in_chans, dim, kernel_size=window, strides=window, padding="VALID", dtype=dtype,
                              param_dtype=param_dtype, kernel_init=init, bias_init=init, rngs=rngs,
-                             kernel_metadata=metadata("weight", (None, None, None, "embed")),
+                             kernel_metadata=metadata("weight", (None,) * (dims + 1) + ("embed",)),
                              bias_metadata=metadata("bias", ("embed",)))
 
     def __call__(self, images: jnp.ndarray) -> jnp.ndarray:
         x = self.proj(images)
-        b, h, w, d = x.shape
-        return x.reshape(b, h * w, d)
+        return x.reshape(x.shape[0], -1, x.shape[-1])

@@ -21,21 +21,26 @@ def compute_dtypes(cfg: ArchConfig) -> tuple:
     return DTYPES[cfg.dtype], DTYPES[cfg.param_dtype]
 
 
+def input_shape(cfg: ArchConfig) -> tuple[int, ...]:
+    """One example's shape: ``(H, W, C)`` images, or ``(length, C)`` signals (``patch_dims=1``)."""
+    return (cfg.img_size,) * getattr(cfg, "patch_dims", 2) + (cfg.in_chans,)
+
+
 def check_images(images: jnp.ndarray, cfg: ArchConfig, model_name: str) -> None:
-    expected = (cfg.img_size, cfg.img_size, cfg.in_chans)
-    if images.ndim != 4 or tuple(images.shape[1:]) != expected:
-        raise ConfigError(
-            f"{model_name} expects NHWC images of shape (batch, {expected[0]}, {expected[1]}, {expected[2]}), "
-            f"got {tuple(images.shape)}")
+    expected = input_shape(cfg)
+    if tuple(images.shape[1:]) != expected:
+        kind = "NHWC images" if len(expected) == 3 else "signals"
+        raise ConfigError(f"{model_name} expects {kind} of shape (batch, {', '.join(map(str, expected))}), "
+                          f"got {tuple(images.shape)}")
     if not jnp.issubdtype(images.dtype, jnp.floating):
         raise ConfigError(f"{model_name} expects float images, got dtype {images.dtype}")
 
 
 def embed_patches(model: nnx.Module, images: jnp.ndarray) -> jnp.ndarray:
-    """Checked NHWC images → patch tokens plus the position embedding, float32 ``(batch, num_patches, dim)``."""
+    """Checked NHWC images (or signals) → patch tokens plus the position embedding, float32 ``(batch, num_patches, dim)``."""
     cfg = model.cfg
     check_images(images, cfg, type(model).__name__)
-    images = constrain(images.astype(DTYPES[cfg.dtype]), ("batch", None, None, None))
+    images = constrain(images.astype(DTYPES[cfg.dtype]), ("batch",) + (None,) * (images.ndim - 1))
     x = constrain(model.patch_embed(images).astype(jnp.float32), ("batch", None, None))
     return x + model.pos_embed[...].astype(jnp.float32)
 

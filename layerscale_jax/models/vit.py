@@ -23,7 +23,8 @@ from layerscale_jax.models.base import DTYPES, class_tokens, compute_dtypes, emb
 from layerscale_jax.models.stack import create_stack, run_stack
 
 class VisionTransformer(nnx.Module):
-    """DeiT III / ViT. ``model(images, key=None)``: NHWC float images → float32 logits ``(batch, num_classes)``.
+    """DeiT III / ViT. ``model(images, key=None)``: NHWC float images (``patch_dims=1``: ``(batch, length,
+    channels)`` signals) → float32 logits ``(batch, num_classes)``.
 
     ``key`` drives stochastic depth in train mode (``model.train()``); ``model.eval()`` makes it deterministic.
     """
@@ -34,7 +35,8 @@ class VisionTransformer(nnx.Module):
         self.cfg = cfg
         d, (dt, pdt) = cfg.embed_dim, compute_dtypes(cfg)
         init_value = resolve_init_value(cfg.branch_scaling, cfg.init_values, cfg.depth)
-        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, dims=cfg.patch_dims, dtype=dt, param_dtype=pdt,
+                                      rngs=rngs)
         # timm: nn.init.normal_(cls_token, std=1e-6) (the official DeiT III code: trunc_normal 0.02)
         self.cls_token = param(nnx.initializers.normal(stddev=1e-6)(rngs.params(), (1, 1, d), pdt), "token",
                                (None, None, "embed"))

@@ -165,7 +165,8 @@ def batch_specs(config, mesh, size: int, with_mask: bool) -> dict:
     """Abstract global batches as the loop feeds them: float32 images, int32 labels (and the eval mask)."""
     sharding = shard_lib.batch_sharding(mesh)
     side, channels = config.data.image_size, config.model.get("in_chans", 3)
-    spec = {"image": jax.ShapeDtypeStruct((size, side, side, channels), jnp.float32, sharding=sharding),
+    shape = (size,) + (side,) * config.model.get("patch_dims", 2) + (channels,)
+    spec = {"image": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding),
             "label": jax.ShapeDtypeStruct((size,), jnp.int32, sharding=sharding)}
     if with_mask:
         spec["mask"] = jax.ShapeDtypeStruct((size,), jnp.bool_, sharding=sharding)

@@ -7,6 +7,7 @@ layout.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -54,6 +55,14 @@ class Evaluation:
         trainer = self.trainer
         return evaluate(trainer.eval_step, _eval_params(state), trainer.data, trainer.config.train.eval_batch_size,
                         trainer.mesh, trainer.task)
+
+    def on_split(self, state: dict, split: str) -> dict[str, float]:
+        """The task's metrics of ``state`` over another split of the dataset, named by that split's prefix
+        (``test_accuracy`` for 'test'; ``tasks.metric_prefix``)."""
+        trainer = self.trainer
+        data = dataclasses.replace(trainer.data, eval_split=split)
+        return evaluate(trainer.eval_step, _eval_params(state), data, trainer.config.train.eval_batch_size,
+                        trainer.mesh, type(trainer.task)(split))
 
     def diagnostics(self, state: dict) -> dict[str, float]:
         return to_floats(self.trainer.diagnostics(state["params"], self.batch)) if self.batch is not None else {}

@@ -53,9 +53,11 @@ from layerscale_jax.train.workdir_lock import WorkdirLock
 def _check_model_matches_data(arch, info) -> None:
     pretraining = isinstance(arch, MAEConfig)                                # no classifier: labels unused
     for field, expected in ((("num_classes", info.num_classes),) * (not pretraining) +
-                            (("img_size", info.image_size), ("in_chans", info.channels))):
-        if getattr(arch, field) != expected:
-            raise ConfigError(f"model.{field}={getattr(arch, field)!r} does not match dataset {info.name!r} "
+                            (("img_size", info.image_size), ("in_chans", info.channels),
+                             ("patch_dims", info.input_dims))):
+        found = getattr(arch, field, 2)                  # patch_dims: 2 (images) in the families without it
+        if found != expected:
+            raise ConfigError(f"model.{field}={found!r} does not match dataset {info.name!r} "
                               f"({field} = {expected}); set config.model.{field}={expected}")
 
 
@@ -275,7 +277,7 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary) ->
     return results
 
 
-def train_and_record(config: Experiment | Any) -> dict:
+def train_and_record(config: Experiment | Any, final_splits: tuple[str, ...] = ()) -> dict:
     """The record mode of the loop, for a study's runs (``experiments/``): train ``config`` without a workdir (no
     checkpoints, no logs: a run is short, and its record is its result) and return its record.
 
@@ -289,8 +291,10 @@ def train_and_record(config: Experiment | Any) -> dict:
     ``test`` or ``val``, ``tasks.metric_prefix``); ``final_train_loss`` (NaN if diverged); ``diverged``,
     ``diverged_at_step``; ``steps``; ``seconds`` and ``timing`` (setup, first step with its compilation, per later
     step, evaluations); ``train_loss_curve`` ([step, mean loss of the window's finite steps] per logging window) and
-    ``evaluations`` (dicts with ``step``, the task's metrics and the diagnostics). ``config``: an ``Experiment``
-    or a ``ConfigDict``, validated here."""
+    ``evaluations`` (dicts with ``step``, the task's metrics and the diagnostics). ``final_splits``: other splits
+    the final state is evaluated on, each metric recorded as ``final_<metric>`` (``('test',)`` → ``final_test_accuracy``,
+    ``final_test_loss``, ``final_test_examples``): a study that selects on the evaluated split and reports another
+    trains each run once. ``config``: an ``Experiment`` or a ``ConfigDict``, validated here."""
     started = time.time()
     experiment = as_experiment(config)
     tc = experiment.config.train
@@ -305,7 +309,10 @@ def train_and_record(config: Experiment | Any) -> dict:
         record.setup_done()
         state, step, _ = _loop(trainer, state, 0, end, batches=batches, log=record, guard=guard,
                                evaluation=evaluation, checkpoints=_NOTHING, preemption=_NOTHING)
-    return record.results(step, guard.diverged_at, trainer.info, evaluation.seconds)
+    results = record.results(step, guard.diverged_at, trainer.info, evaluation.seconds)
+    for split in final_splits:
+        results.update({f"final_{name}": value for name, value in evaluation.on_split(state, split).items()})
+    return results
 
 
 def _loop(trainer, state, step: int, end: int, *, batches, log, guard, evaluation, checkpoints, preemption):
