@@ -21,6 +21,7 @@ VARIANTS = {
     "digits_mae.py": [None, "mask_ratio=0.5,scan_layers=true"],
     "digits_finetune.py": ["mode=full", "mode=lora,rank=8", "mode=linear_probe", "mode=scratch"],
     "imagenet_mae.py": ["variant=B", "variant=H,epochs=1600"],
+    "mnist1d_layerscale.py": [None, "depth=48,branch_scaling=none,num_train=2000"],
 }
 
 

@@ -234,6 +234,8 @@ def _float(value, field, lo=None, hi=None, hi_open=False):
     value = float(value)
     if not math.isfinite(value):
         raise ConfigError(f"data.{field} must be a finite number, got {value!r}")
+    if hi is None and lo is not None and value < lo:
+        raise ConfigError(f"data.{field} must be >= {lo}, got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and (value >= hi if hi_open else value > hi)):
         bracket = ")" if hi_open else "]"
         raise ConfigError(f"data.{field} must be in [{lo}, {hi}{bracket}, got {value!r}")
