@@ -184,17 +184,19 @@ def describe_architecture(config, n_params: int) -> dict:
     """What was actually built: the registry name is only the starting point of the overrides."""
     m = config.model
     arch = {"name": m.name, "parameters": n_params}
-    for field in ("depth", "embed_dim", "num_heads", "patch_size", "img_size", "in_chans", "num_classes",
-                  "branch_scaling", "init_values", "scan_layers", "dtype"):
+    for field in ("depth", "embed_dim", "num_heads", "patch_size", "img_size", "patch_dims", "in_chans",
+                  "num_classes", "branch_scaling", "init_values", "scan_layers", "dtype"):
         if field in m:
             arch[field] = m[field]
     return arch
 
 
 def _architecture_line(arch: dict) -> str:
+    size = arch.get("img_size")
+    inputs = f"{size}-sample signals" if arch.get("patch_dims") == 1 else f"{size}×{size} images"
     return (f"model {arch['name']} with depth {arch.get('depth')}, width {arch.get('embed_dim')}, "
-            f"{arch.get('num_heads')} heads, patch {arch.get('patch_size')} on {arch.get('img_size')}×"
-            f"{arch.get('img_size')} images, branch scaling {arch.get('branch_scaling')} "
+            f"{arch.get('num_heads')} heads, patch {arch.get('patch_size')} on {inputs}, branch scaling "
+            f"{arch.get('branch_scaling')} "
             f"(init {arch.get('init_values')}): {arch['parameters']:,} parameters")
 
 
