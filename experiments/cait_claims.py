@@ -128,6 +128,18 @@ def welch_difference(a: Sequence[float], b: Sequence[float], confidence: float =
     return Difference(d, d - half, d + half, test.t, test.dof, test.p)
 
 
+def holm_interval(difference: Difference, tests: int, alpha: float = ALPHA) -> tuple[float, float]:
+    """The interval at Holm's strictest level α/m (m = ``tests``, the family's tests; Bonferroni's simultaneous
+    interval): ``d ± t_{1−α/(2m), ν} · se`` with ``se = (ci_high − ci_low) / (2 · t_{0.975, ν})``. What the
+    corrected family can rule out; the unadjusted 95% interval is narrower and rules out more than the family's
+    error rate backs."""
+    from scipy import stats
+
+    se = (difference.ci_high - difference.ci_low) / 2 / float(stats.t.ppf(0.975, difference.dof))
+    half = float(stats.t.ppf(1 - alpha / 2 / tests, difference.dof)) * se
+    return difference.difference - half, difference.difference + half
+
+
 def fisher_divergence(diverged_a: int, n_a: int, diverged_b: int, n_b: int, alternative: str = "two-sided") -> float:
     """p of Fisher's exact test that A and B diverge equally often; ``alternative="greater"``: one-sided, against
     A diverging more often."""
@@ -266,12 +278,19 @@ METHOD = (f"Per comparison: Welch's t-test on the final test accuracy of the con
           f"comparison's observed SDs and seeds, at Holm's strictest level α/m (m the claim's tests) and at α.")
 
 
+def _comparison_name(better: Cell, worse: Cell, marked: frozenset, mark: str) -> str:
+    """``"`a` @ 48 vs `b` @ 48"``, followed by ``mark`` when either cell is in ``marked``."""
+    return f"{_cell_name(better)} vs {_cell_name(worse)}" + (f" {mark}" if {better, worse} & marked else "")
+
+
 def write_claims(records: list[dict], path: str, title: str, value, depths: Sequence[int],
-                 runs_per_cell: int | None = None) -> list[ClaimResult]:
+                 runs_per_cell: int | None = None, marked: frozenset = frozenset(), mark: str = "‡"
+                 ) -> list[ClaimResult]:
     """``claims.md``: per claim its verdict, then its comparisons with every statistic that decided it. The claims
     are those of the planned grid's ``depths``, not of the depths that have finished runs, so an interim report
     judges the pre-registered comparisons (those without runs: "not tested"); a claim one of whose comparisons has
-    fewer than ``runs_per_cell`` runs (the protocol's seeds) in a cell is interim."""
+    fewer than ``runs_per_cell`` runs (the protocol's seeds) in a cell is interim. A comparison with a cell in
+    ``marked`` carries ``mark`` (the title explains it, e.g. a machine confound)."""
     results = [evaluate(records, claim, value, runs_per_cell=runs_per_cell) for claim in cait_claims(depths)]
     parts = [f"{title}\n\n{METHOD}\n\n",
              sweep.markdown_table(["claim", "verdict"], ([f"{r.claim.name}. {r.claim.statement}", f"**{r.verdict}**"]
@@ -279,8 +298,8 @@ def write_claims(records: list[dict], path: str, title: str, value, depths: Sequ
     for r in results:
         rows = []
         for c in r.comparisons:
-            rows.append([f"{_cell_name(c.better)} vs {_cell_name(c.worse)}"] + comparison_cells(c))
-        rows += [[f"{_cell_name(a)} vs {_cell_name(b)}", "no runs", "–", "–", "–", "–", "–", "–", "–", "not tested"]
+            rows.append([_comparison_name(c.better, c.worse, marked, mark)] + comparison_cells(c))
+        rows += [[_comparison_name(a, b, marked, mark), "no runs", "–", "–", "–", "–", "–", "–", "–", "not tested"]
                  for a, b in r.missing]
         parts.append(f"\n### Claim {r.claim.name}: {r.verdict}\n\n{r.claim.statement}.\n\n" + sweep.markdown_table(
             ["comparison (claimed better vs worse)", "converged/runs", "difference of means, points [95% CI]",

@@ -262,7 +262,7 @@ def plot_claims(results, path: str, *, title: str) -> None:
     column; a filled marker is significant after Holm's correction, an open one is not; a row without an accuracy
     test (fewer than two converged runs a side) gives its converged counts instead. Right of zero is the claimed
     direction; the right margin gives each comparison's outcome (accuracy and divergence tests together)."""
-    from scipy import stats
+    import cait_claims
     plt = sweep.pyplot()
     rows = [(r.claim.name, c, sum(len(d.tests()) for d in r.comparisons)) for r in results for c in r.comparisons]
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.28 * max(len(rows), 1)))
@@ -273,10 +273,8 @@ def plot_claims(results, path: str, *, title: str) -> None:
             ax.text(0, y, f"  no accuracy test ({c.runs} converged)", va="center", fontsize=6)
             continue
         significant = c.accuracy_p_holm < 0.05
-        se = (acc.ci_high - acc.ci_low) / 2 / float(stats.t.ppf(0.975, acc.dof))
-        strict = float(stats.t.ppf(1 - 0.05 / 2 / tests, acc.dof)) * se     # the interval at Holm's α/m
-        ax.plot([acc.difference - strict, acc.difference + strict], [y, y], color=colour(scheme), alpha=0.3,
-                linewidth=5, solid_capstyle="butt")
+        ax.plot(cait_claims.holm_interval(acc, tests), [y, y], color=colour(scheme), alpha=0.3, linewidth=5,
+                solid_capstyle="butt")                                  # the interval at Holm's α/m
         ax.errorbar([acc.difference], [y], xerr=[[acc.difference - acc.ci_low], [acc.ci_high - acc.difference]],
                     fmt="o", color=colour(scheme), markersize=4, capsize=2,
                     markerfacecolor=colour(scheme) if significant else "white")

@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 
 import cait_claims  # CaiT's claims as tests fixed before the final runs, and their verdicts
+import depth_ablation_machines as machines  # which machine kinds trained which cells (post hoc)
 import depth_ablation_plots as plots  # the study's figures and its palette
 import sweep
 import validation_protocol as vp
@@ -241,6 +242,7 @@ def divergence_by_rate(records: Sequence[dict], depths: Sequence[int]) -> str:
 
 RATE_CSV_FIELDS = ("depth", "scheme", "warmup", "learning_rate", "seed", "final_val_accuracy", "diverged",
                    "diverged_at_step", "steps", "seconds")
+TWIN = ("layerscale_eps0.1", True)   # REFERENCE's column with ε = 0.1: one model with it where CaiT's rule gives 0.1
 FINAL_PROTOCOLS = {"per_depth": "each column at its best validation rate per depth",
                    "one_rate": "each column at its one best validation rate for all depths"}
 
@@ -252,7 +254,9 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
     ``claims.md`` and ``claims.png`` (CaiT's claims on the grid's ``depths``, judged by the rules of ``cait_claims``),
     ``results.csv`` and the figures. With fewer finished runs than the ``planned`` runs of a rate choice, every
     output of that choice says so in its title ("INCOMPLETE: k of n runs finished"), so an interim report cannot
-    pass for the study's."""
+    pass for the study's. Where LayerScale ran only on machine kinds no other column used, every output of that
+    choice says so under its title (``depth_ablation_machines.confound_note``) and claims.md marks the comparisons
+    it touches."""
     paths = {}
     every = load_records(out)
     for which, words in FINAL_PROTOCOLS.items():
@@ -264,9 +268,10 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
         title = describe(records, "final", words)
         if planned is not None and len(records) < planned:
             title = f"INCOMPLETE: {len(records)} of {planned} runs finished — {title}"
+        confound = machines.confound_note(records, REFERENCE, TWIN, layout(records).value)
         head = (title + (f"\n\nCommand: `{command}`" if command else "") + f"\n\n{sweep.machines_note(records)} "
                 f"The final stage, both rate choices' runs together: {sweep.compute_note(every)} "
-                f"{cost_by_machine_kind(every)}".rstrip())
+                f"{cost_by_machine_kind(every)}".rstrip() + (f"\n\n{confound}" if confound else ""))
         paths[f"{which}/convergence"] = os.path.join(report_dir, "convergence.md")
         not_converged = vp.write_convergence(records, paths[f"{which}/convergence"], "Convergence, " + head,
                                              layout(records), *final_floor_and_images())
@@ -280,7 +285,8 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
         write_nll(records, paths[f"{which}/nll"], "Test NLL, " + head, layout(records), depths)
         paths[f"{which}/claims"] = os.path.join(report_dir, "claims.md")
         claims = cait_claims.write_claims(records, paths[f"{which}/claims"], "CaiT's claims, " + head,
-                                          layout(records).value, depths, runs_per_cell=len(FINAL_SEEDS))
+                                          layout(records).value, depths, runs_per_cell=len(FINAL_SEEDS),
+                                          marked=machines.confounded_cells(records, REFERENCE))
         paths[f"{which}/claims_figure"] = os.path.join(report_dir, "claims.png")
         figure_title = f"{title}. {sweep.machines_note(records)}"      # a figure names its CPUs and load, too
         plots.plot_claims(claims, paths[f"{which}/claims_figure"], title=f"CaiT's claims: {figure_title}")
