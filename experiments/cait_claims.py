@@ -197,6 +197,46 @@ def detectable(spread: tuple[float, float, int, int], tests: int, alpha: float =
             sweep.detectable_difference(*spread, alpha, power))
 
 
+def simulated_power(delta: float, spread: tuple[float, float, int, int], alpha: float, draws: int = 20_000,
+                    seed: int = 0) -> float:
+    """The share of ``draws`` simulated pairs of samples — ``n_a`` values ~ N(δ, s_a²) against ``n_b`` ~ N(0, s_b²),
+    ``spread = (s_a, s_b, n_a, n_b)`` — in which Welch's two-sided test rejects at ``alpha``: reject when
+    ``|x̄_a − x̄_b| > t_{1−α/2, ν̂} · √(ŝ_a²/n_a + ŝ_b²/n_b)``, ν̂ and ŝ from each draw (Welch–Satterthwaite).
+    Seeded (``seed``): the same draws for every δ, so power is compared on common random numbers."""
+    import numpy as np
+    from scipy import stats
+
+    sd_a, sd_b, n_a, n_b = spread
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(0, sd_a, (draws, n_a)), rng.normal(0, sd_b, (draws, n_b))
+    va, vb = a.var(axis=1, ddof=1) / n_a, b.var(axis=1, ddof=1) / n_b
+    dof = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
+    critical = stats.t.ppf(1 - alpha / 2, dof) * np.sqrt(va + vb)
+    return float(np.mean(np.abs(delta + a.mean(axis=1) - b.mean(axis=1)) > critical))
+
+
+def simulated_detectable(spread: tuple[float, float, int, int], alpha: float, power: float = POWER,
+                         draws: int = 20_000, seed: int = 0) -> float:
+    """The smallest difference of means δ with ``simulated_power(δ) ≥ power`` (bisection to 0.001 points between
+    0 and 100 formula-sized steps, ``sweep.detectable_difference``): the detectable difference without the
+    formula's assumption that the SDs are known, which makes it optimistic at a few seeds. 0 when both SDs are 0."""
+    if spread[0] == spread[1] == 0:
+        return 0.0
+    low, high = 0.0, 100 * sweep.detectable_difference(*spread, alpha, power)
+    while high - low > 1e-3:
+        middle = (low + high) / 2
+        low, high = (low, middle) if simulated_power(middle, spread, alpha, draws, seed) >= power else (middle, high)
+    return high
+
+
+def simulated_detectable_pair(spread: tuple[float, float, int, int], tests: int, alpha: float = ALPHA,
+                              power: float = POWER, draws: int = 20_000) -> tuple[float, float]:
+    """``simulated_detectable`` at Holm's strictest level α/``tests`` and at its loosest, α (``detectable``'s
+    pair, by simulation)."""
+    return (simulated_detectable(spread, alpha / tests, power, draws),
+            simulated_detectable(spread, alpha, power, draws))
+
+
 @dataclasses.dataclass
 class ClaimResult:
     claim: Claim
@@ -259,15 +299,20 @@ def _p(p: float | None) -> str:
     return "–" if p is None else f"{p:.3g}"
 
 
-def comparison_cells(c: Comparison) -> list[str]:
+def detectable_cell(c: Comparison) -> str:
+    """``"a / b"``: the detectable difference at Holm's α/m and at α; "–" without an accuracy test."""
+    return f"{c.detectable[0]:.2f} / {c.detectable[1]:.2f}" if c.detectable else "–"
+
+
+def comparison_cells(c: Comparison, detectable_text=detectable_cell) -> list[str]:
     """One comparison's table cells: converged/runs, difference [95% CI], Welch t, df, p, p (Holm), the divergence
-    counts with Fisher's p, the detectable difference (α/m / α) and the outcome."""
+    counts with Fisher's p, the detectable difference (α/m / α, ``detectable_text``) and the outcome."""
     acc, div = c.accuracy, c.divergence
     return [c.runs, f"{acc.difference:+.2f} [{acc.ci_low:+.2f}, {acc.ci_high:+.2f}]" if acc else "–",
             f"{acc.t:.2f}" if acc else "–", f"{acc.dof:.1f}" if acc else "–", _p(acc.p if acc else None),
             _p(c.accuracy_p_holm),
             f"{div[0]} vs {div[1]}: p {_p(div[2])}, Holm {_p(c.divergence_p_holm)}" if div else "none diverged",
-            f"{c.detectable[0]:.2f} / {c.detectable[1]:.2f}" if c.detectable else "–", c.outcome]
+            detectable_text(c), c.outcome]
 
 
 METHOD = (f"Per comparison: Welch's t-test on the final test accuracy of the converged runs (difference of means, "

@@ -54,6 +54,7 @@ COLUMNS = da.COLUMNS
 REFERENCE = da.REFERENCE               # LayerScale with CaiT's ε, with warm-up
 ALPHA = cait_claims.ALPHA
 POWER = 0.8
+SIMULATION_DRAWS = 20_000              # post hoc: the Monte Carlo draws behind each detectable difference
 ENDPOINTS = ("window",) + tuple(f"accuracy at {r:g}" for r in SHARED_RATES)
 
 # The cost arithmetic that chose depth 48 over 96: committed final-stage records (2,000-step runs, ``cpu_seconds``),
@@ -225,22 +226,86 @@ def endpoint_records(records: Sequence[dict], endpoint: str) -> tuple[list[dict]
 
 
 def analyse(records: Sequence[dict]) -> dict[str, tuple[cait_claims.ClaimResult, bool]]:
-    """Per endpoint: ``cait_claims.evaluate``'s result on the depth-48 records, and whether every depth-48 unit it
-    needs is finished (only then is its verdict the decision)."""
+    """Per endpoint: ``cait_claims.evaluate``'s result on the depth-48 records (the pre-registered decision), each
+    comparison's detectable difference by simulation (``simulate_detectable``, post hoc), and whether every
+    depth-48 unit it needs is finished (only then is its verdict the decision)."""
     results = {}
     for endpoint in ENDPOINTS:
         mine, value, needed = endpoint_records(records, endpoint)
         deep = [r for r in mine if r["depth"] == DEEP]
-        results[endpoint] = (cait_claims.evaluate(deep, claim(endpoint), value, ALPHA), len(deep) == needed)
+        result = cait_claims.evaluate(deep, claim(endpoint), value, ALPHA)
+        results[endpoint] = (simulate_detectable(result), len(deep) == needed)
     return results
+
+
+def simulate_detectable(result: cait_claims.ClaimResult) -> cait_claims.ClaimResult:
+    """``result`` with each comparison's ``detectable`` (Holm's α/m, α) by simulating Welch's test at its observed
+    SDs and seeds (``cait_claims.simulated_detectable_pair``; m the family's tests) in place of the formula that
+    takes the SDs as known. Post hoc: it states resolution and decides nothing."""
+    tests = sum(len(c.tests()) for c in result.comparisons)
+    for c in result.comparisons:
+        c.detectable = (cait_claims.simulated_detectable_pair(c.spread, tests, ALPHA, POWER, SIMULATION_DRAWS) if c.spread
+                        else None)
+    return result
+
+
+def formula_detectable(result: cait_claims.ClaimResult) -> list[tuple[float, float]]:
+    """Each comparison's (α/m, α) detectable difference by ``cait_claims.detectable``'s formula (SDs known), in the
+    order of ``result.comparisons`` (None-free: comparisons without an accuracy test are left out)."""
+    tests = sum(len(c.tests()) for c in result.comparisons)
+    return [cait_claims.detectable(c.spread, tests, ALPHA) for c in result.comparisons if c.spread]
+
+
+def endpoint_range(records: Sequence[dict], endpoint: str) -> float:
+    """The largest difference of means an endpoint can show: for the window, ``len(RATES) − 1`` = 4 rates when
+    every seed has a run that did not diverge (then 1 ≤ W ≤ 5; W = 0 only when all of a seed's runs diverged,
+    ``len(RATES)`` then); for an accuracy, 100 points."""
+    if endpoint != "window":
+        return 100.0
+    return len(RATES) - (1 if all(w >= 1 for w in windows(records).values()) else 0)
+
+
+def detectable_text(limit: float):
+    """``text(comparison)``: its detectable differences (α/m / α), each beyond ``limit`` (``endpoint_range``)
+    written as "not detectable within the endpoint's range" rather than a difference the endpoint cannot show."""
+    def text(c: cait_claims.Comparison) -> str:
+        if not c.detectable:
+            return "–"
+        return " / ".join(f"{x:.2f}" if x <= limit else OUT_OF_RANGE for x in c.detectable)
+    return text
+
+
+OUT_OF_RANGE = "not detectable within the endpoint's range"
+
+
+def detectable_span(result: cait_claims.ClaimResult, limit: float) -> tuple[str, int, int]:
+    """``("a–b", k, n)``: the range of an endpoint's detectable differences (both levels, every comparison) that
+    lie within ``limit`` (``endpoint_range``), and how many of all ``n`` lie beyond it."""
+    values = [x for c in result.comparisons if c.detectable for x in c.detectable]
+    inside = [x for x in values if x <= limit]
+    span = f"{min(inside):.2f}–{max(inside):.2f}" if inside else "none"
+    return span, len(values) - len(inside), len(values)
+
+
+def binomial_se_points(accuracy: float, images: int = VALIDATION_IMAGES) -> float:
+    """One evaluation's binomial standard error in points: ``100 · √(p (1 − p) / N)``, p = ``accuracy`` (0–1)."""
+    return 100 * math.sqrt(accuracy * (1 - accuracy) / images)
+
+
+def best_accuracy(records: Sequence[dict], depth: int = DEEP) -> float:
+    """The mean, over every column and seed at ``depth``, of the accuracy (0–1) of that seed's best run: where the
+    window's band is drawn."""
+    best = [max(correct_images(r) for r in _runs(records, s, w, depth, k) if not r["diverged"]) / VALIDATION_IMAGES
+            for s, w in COLUMNS for k in SEEDS if any(not r["diverged"] for r in _runs(records, s, w, depth, k))]
+    return statistics.mean(best)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The report
 # ---------------------------------------------------------------------------------------------------------------
-def _comparison_rows(result: cait_claims.ClaimResult, values) -> list[list[str]]:
-    rows = [[cait_claims._cell_name(c.worse), values(c.better), values(c.worse)] + cait_claims.comparison_cells(c)
-            for c in result.comparisons]
+def _comparison_rows(result: cait_claims.ClaimResult, values, limit: float) -> list[list[str]]:
+    rows = [[cait_claims._cell_name(c.worse), values(c.better), values(c.worse)]
+            + cait_claims.comparison_cells(c, detectable_text(limit)) for c in result.comparisons]
     rows += [[cait_claims._cell_name(b), "–", "–", "no runs", "–", "–", "–", "–", "–", "–", "–", "not tested"]
              for _, b in result.missing]
     return rows
@@ -272,6 +337,42 @@ def _accuracy_grid(records, depth) -> str:
     return sweep.markdown_table(["column"] + [f"{r:g}" for r in RATES] + ["W per seed"], rows)
 
 
+def simulation_excess(analyses) -> tuple[float, float]:
+    """The range over every comparison and level of simulated / formula detectable difference − 1: how much more
+    the simulated Welch test needs than the formula says."""
+    ratios = [sim / formula for result, _ in analyses.values()
+              for c, pair in zip([c for c in result.comparisons if c.spread], formula_detectable(result))
+              for sim, formula in zip(c.detectable, pair)]
+    return min(ratios) - 1, max(ratios) - 1
+
+
+def limits_section(records: Sequence[dict], analyses) -> str:
+    """The window endpoint's limits, stated after the runs (post hoc; the pre-registered decision is unchanged):
+    its band against one evaluation's binomial SE, what a uniformly poor column scores, the range W can differ
+    by, and how much the simulated detectable differences exceed the formula's."""
+    accuracy = best_accuracy(records)
+    low, high = simulation_excess(analyses)
+    window = [x for c in analyses["window"][0].comparisons if c.detectable for x in c.detectable]
+    limit = endpoint_range(records, "window")
+    beyond = sum(x > limit for x in window)
+    return (f"\n## Limits of the window endpoint (post hoc)\n\nWritten after the runs; the pre-registered "
+            f"decision above is unchanged.\n\n"
+            f"- **Its band is narrower than the noise of one evaluation.** Within {WINDOW_POINTS:g} point is at most "
+            f"{math.floor(WINDOW_POINTS * VALIDATION_IMAGES / 100)} of {VALIDATION_IMAGES} images; one evaluation's "
+            f"binomial standard error at the seeds' best runs' mean accuracy at depth {DEEP}, "
+            f"{100 * accuracy:.1f}%, is {binomial_se_points(accuracy):.2f} points (100 · √(p (1 − p) / N)), so "
+            f"whether a rate falls inside the window is decided largely by which images a run happens to get "
+            f"right.\n"
+            f"- **It counts rates near the column's own best, not rates that train well.** A column equally poor "
+            f"at every rate scores the widest window, {len(RATES)}.\n"
+            f"- **It can differ by {limit:g} rates at most.** Every seed here has a run that did not diverge, so "
+            f"1 ≤ W ≤ {len(RATES)}; {beyond} of the window's {len(window)} detectable differences lie beyond "
+            f"{limit:g} and are given as \"{OUT_OF_RANGE}\".\n"
+            f"- **The formula is optimistic.** Simulating Welch's test at the observed SDs needs "
+            f"{100 * low:.0f}% to {100 * high:.0f}% more than the difference that the formula taking the SDs as "
+            f"known (`sweep.detectable_difference`, behind the pre-registration's power statement) gives.\n")
+
+
 def write_report(out: str = OUT, command: str = "python experiments/rate_window.py") -> str:
     """``report.md``: each endpoint's decision (or "interim: not decided") with every statistic, every seed's
     value, and the descriptive grids of both depths, from the finished records."""
@@ -283,18 +384,24 @@ def write_report(out: str = OUT, command: str = "python experiments/rate_window.
              f"not diverge (difference of means, Welch–Satterthwaite 95% CI, t, df) and, when a run diverged in "
              f"either column, Fisher's exact test on the divergence counts; Holm's correction over every test of "
              f"one endpoint's {_OTHERS} comparisons (family-wise α = {ALPHA:g}). A diverged run is `div`. "
-             f"\"detectable\" (added after the runs, a statement of resolution, not a rule; "
-             f"`cait_claims.detectable`): the difference Welch's test detects with {POWER:.0%} probability at the "
-             f"comparison's observed SDs and seeds, at Holm's strictest level α/m and at α.\n\n"
+             f"\"detectable\" (post hoc: added after the runs, a statement of resolution, not a rule; "
+             f"`cait_claims.simulated_detectable`): the difference Welch's test detects with {POWER:.0%} "
+             f"probability at the comparison's observed SDs and seeds, at Holm's strictest level α/m and at α, by "
+             f"simulating the test ({SIMULATION_DRAWS:,} seeded draws) rather than by the formula that takes the "
+             f"SDs as known; one beyond what the endpoint can show is \"{OUT_OF_RANGE}\". The limits of the "
+             f"window endpoint are [below](#limits-of-the-window-endpoint-post-hoc).\n\n"
              f"![Each run's validation accuracy below its seed's best, per column, rate and depth; the window is the "
              f"band within {WINDOW_POINTS:g} point](window.png)\n"]
-    for endpoint, (result, complete) in analyse(records).items():
+    analyses = analyse(records)
+    for endpoint, (result, complete) in analyses.items():
         status = f"**{result.verdict}**" if complete else "**interim: not decided** (depth-48 runs missing)"
         header = ["LayerScale vs", "LayerScale per seed", "column per seed", "converged/runs",
                   "difference [95% CI]", "Welch t", "df", "p", "p (Holm)", "diverged (Fisher)",
                   f"detectable, {POWER:.0%} power (α/m / α)", "outcome"]
+        limit = endpoint_range(records, endpoint)
         parts.append(f"\n## Endpoint: {endpoint} — {status}\n\n{result.claim.statement}.\n\n"
-                     + sweep.markdown_table(header, _comparison_rows(result, _seed_values(records, endpoint))))
+                     + sweep.markdown_table(header, _comparison_rows(result, _seed_values(records, endpoint), limit)))
+    parts.append(limits_section(records, analyses))
     for depth in (DEEP, SHALLOW):
         parts.append(f"\n## Depth {depth}: validation accuracy (%) of every run, seeds {', '.join(map(str, SEEDS))} "
                      f"(descriptive)\n\n" + _accuracy_grid(records, depth))
@@ -327,25 +434,37 @@ def points_below_best(records: Sequence[dict]) -> dict[str, float | None]:
     return out
 
 
+def figure_axis(below: dict[str, float | None]) -> tuple[float, float]:
+    """``window.png``'s linear axis of points below the seed's best: its top, the largest gap rounded up to 5
+    points, and the row where diverged runs are drawn, apart above it (the axis is broken between the two)."""
+    top = 5 * math.ceil(max([v for v in below.values() if v is not None] + [WINDOW_POINTS]) / 5)
+    return top, top * 1.15
+
+
 def write_figure(out: str = OUT) -> str:
     """``window.png``: a panel per column; each run a mark at its rate and its points below its seed's best
-    (``points_below_best``; symmetric-log axis, linear within 1 point), depth 48 filled right of the rate, depth 6
-    open left of it, seeds offset; a diverged run an ``x`` on the bottom line; the window (within
-    ``WINDOW_POINTS``) shaded; each panel titled with its per-seed W at both depths."""
+    (``points_below_best``) on a linear axis (equal steps are equal distances), depth 48 filled right of the rate,
+    depth 6 open left of it, seeds offset; a diverged run an ``x`` on a separate row past a break in the axis
+    (``figure_axis``); the window (within ``WINDOW_POINTS``) shaded and one evaluation's binomial standard error
+    at the best runs' accuracy a dotted line; each panel titled with its per-seed W at both depths."""
     import depth_ablation_plots as plots
     records = finished_records(out)
     below, ws = points_below_best(records), windows(records)
+    top, diverged_row = figure_axis(below)
+    se = binomial_se_points(best_accuracy(records))
     plt = sweep.pyplot()
-    fig, axes = plt.subplots(2, 4, figsize=(11, 5.6), sharex=True, sharey=True, layout="constrained")
-    floor = 100.0                                  # where a diverged run is drawn
+    fig, axes = plt.subplots(2, 4, figsize=(11, 6.2), sharex=True, sharey=True, layout="constrained")
     for ax, (scheme, warmup) in zip(axes.flat, COLUMNS):
-        ax.axhspan(0, WINDOW_POINTS, color="0.9", zorder=0)
+        ax.axhspan(0, WINDOW_POINTS, color="0.85", zorder=0)
+        ax.axhline(se, color="black", linewidth=0.6, linestyle=":", zorder=1)
+        ax.axhspan(top, (top + diverged_row) / 2, color="white", zorder=2)
+        ax.axhline(top * 1.04, color="0.4", linewidth=0.6, linestyle=(0, (4, 3)), zorder=2)   # the axis break
         colour = plots.colour(scheme)
         for depth, filled in ((SHALLOW, False), (DEEP, True)):
             for r in _runs(records, scheme, warmup, depth):      # depth 6 left of the rate, 48 right; seeds spread
                 x = r["learning_rate"] * (1.13 if filled else 0.88) * 1.05 ** (r["seed"] - SEEDS[1])
-                y = floor if below[r["run_id"]] is None else below[r["run_id"]]
-                ax.scatter([x], [y], s=18, marker="x" if r["diverged"] else "o", color=colour,
+                y = diverged_row if below[r["run_id"]] is None else below[r["run_id"]]
+                ax.scatter([x], [y], s=18, marker="x" if r["diverged"] else "o", color=colour, zorder=3,
                            facecolors=(colour if filled else "none") if not r["diverged"] else None, linewidths=0.9)
         title = [da.column_label(scheme, warmup)]
         for depth in (DEEP, SHALLOW):
@@ -355,19 +474,21 @@ def write_figure(out: str = OUT) -> str:
         ax.set_xscale("log")
         ax.set_xticks(RATES, [f"{r:g}" for r in RATES], fontsize=7)
         ax.minorticks_off()
-        ax.set_yscale("symlog", linthresh=1.0)
-        ax.set_ylim(-0.2, floor * 1.6)
-        ax.set_yticks([0, 1, 3, 10, 30, floor], ["0", "1", "3", "10", "30", "div"], fontsize=7)
+        ax.set_ylim(-0.5, diverged_row + top * 0.06)
+        ticks = list(range(0, int(top) + 1, 5 if top <= 30 else 10))
+        ax.set_yticks(ticks + [diverged_row], [str(t) for t in ticks] + ["diverged"], fontsize=7)
         ax.tick_params(axis="y", labelleft=True)
     axes[0][0].invert_yaxis()                      # shared: best at the top, diverged at the bottom
     for ax in axes[:, 0]:
-        ax.set_ylabel("points below the seed's best", fontsize=8)
+        ax.set_ylabel("points below the seed's best (linear)", fontsize=8)
     for ax in axes[-1]:
         ax.set_xlabel("learning rate", fontsize=8)
     decided = {e: (r.verdict if complete else "interim") for e, (r, complete) in analyse(records).items()}
-    fig.suptitle(f"Validation accuracy below each seed's best run (seeds {', '.join(map(str, SEEDS))}, offset; "
-                 f"filled, right of each rate: depth {DEEP}; open, left: depth {SHALLOW}; shaded: within "
-                 f"{WINDOW_POINTS:g} point, the window; x: diverged). {len(records)} of {len(specs())} runs.\n"
+    fig.suptitle(plots.wrap(f"Validation accuracy below each seed's best run (seeds {', '.join(map(str, SEEDS))}, offset; "
+                 f"filled, right of each rate: depth {DEEP}; open, left: depth {SHALLOW}; x, past the dashed break: "
+                 f"diverged). Shaded: within {WINDOW_POINTS:g} point, the window; dotted: one evaluation's binomial "
+                 f"SE, {se:.2f} points at {100 * best_accuracy(records):.1f}% on {VALIDATION_IMAGES} images — the "
+                 f"band is narrower than the noise. {len(records)} of {len(specs())} runs.", 175) + "\n"
                  + "; ".join(f"{e}: {v}" for e, v in decided.items()), fontsize=8)
     path = os.path.join(out, "window.png")
     fig.savefig(path, dpi=120)

@@ -181,12 +181,38 @@ def test_the_report_states_each_comparisons_detectable_difference_by_hand(tmp_pa
     os.makedirs(tmp_path / "runs")
     for r in _all({("layerscale", True): (3, 4, 5), ("none", True): (1, 2, 2)}):
         rw.sweep.write_json_atomically(rw.sweep.record_path(str(tmp_path), r["run_id"]), r)
-    strict = rw.sweep.detectable_difference(1.0, math.sqrt(1 / 3), 3, 3, 0.05 / 7)
-    loose = rw.sweep.detectable_difference(1.0, math.sqrt(1 / 3), 3, 3, 0.05)
-    assert 0 < loose < strict
+    # by simulation (post hoc), not the formula; beyond the 4 rates two windows can differ by, no number
+    spread = (1.0, math.sqrt(1 / 3), 3, 3)
+    strict = rw.cait_claims.simulated_detectable(spread, 0.05 / 7, draws=rw.SIMULATION_DRAWS)
+    loose = rw.cait_claims.simulated_detectable(spread, 0.05, draws=rw.SIMULATION_DRAWS)
+    assert loose > rw.sweep.detectable_difference(*spread, 0.05) and strict > 4 >= loose
     row = next(line for line in rw.write_report(str(tmp_path), command="pytest").splitlines()
                if line.startswith("| `none` @ 48 | 3, 4, 5 | 1, 2, 2 |"))
-    assert row.endswith(f"| {strict:.2f} / {loose:.2f} | not resolved |")
+    assert row.endswith(f"| {rw.OUT_OF_RANGE} / {loose:.2f} | not resolved |")
+
+
+def test_the_simulated_welch_test_holds_its_level_and_needs_more_than_the_formula_at_three_seeds():
+    """At δ = 0 the simulated Welch test rejects about α of the draws; at 3 seeds a side it needs more than the
+    formula (SDs taken as known) to reach 80% power, at 30 about the same; seeded, it repeats exactly."""
+    equal = (1.0, 1.0, 5, 5)
+    assert rw.cait_claims.simulated_power(0.0, equal, 0.05) == pytest.approx(0.05, abs=0.01)
+    small, large = (1.0, 0.5, 3, 3), (1.0, 0.5, 30, 30)
+    assert rw.cait_claims.simulated_detectable(small, 0.05) > 1.05 * rw.sweep.detectable_difference(*small, 0.05)
+    assert rw.cait_claims.simulated_detectable(large, 0.05) == pytest.approx(
+        rw.sweep.detectable_difference(*large, 0.05), rel=0.03)
+    assert rw.cait_claims.simulated_detectable(small, 0.05) == rw.cait_claims.simulated_detectable(small, 0.05)
+    found = rw.cait_claims.simulated_detectable(small, 0.05)
+    assert rw.cait_claims.simulated_power(found, small, 0.05) >= 0.8 > rw.cait_claims.simulated_power(
+        found - 0.002, small, 0.05)
+
+
+def test_the_window_can_differ_by_four_rates_when_every_seed_has_a_run_and_a_uniformly_poor_column_is_wide():
+    poor = [_run(rate=r, correct=150) for r in rw.RATES]                      # 52.6% at every rate
+    assert rw.window_size(poor) == len(rw.RATES)
+    records = _all({})
+    assert rw.endpoint_range(records, "window") == len(rw.RATES) - 1 == 4
+    assert rw.endpoint_range(records, "accuracy at 0.01") == 100
+    assert rw.binomial_se_points(0.98) == pytest.approx(100 * math.sqrt(0.98 * 0.02 / 285))   # 0.83 points
 
 
 def test_points_below_best_is_the_gap_to_the_seeds_best_run_in_points_and_the_figure_draws(tmp_path):
@@ -260,7 +286,9 @@ def test_the_write_ups_quote_the_decided_report():
         span = f"{min(differences):+.2f} … {max(differences):+.2f}"
         for name, text in (("README.md", readme), ("experiments/README.md", experiments)):
             assert f"**{result.verdict}**" in text and span in text, (name, endpoint, span)
-        assert f"{min(detectable):.2f}–{max(detectable):.2f}" in experiments, endpoint
+        inside, beyond, count = rw.detectable_span(result, rw.endpoint_range(records, endpoint))
+        assert inside in experiments, endpoint
+        assert not beyond or f"{beyond} of {count} not detectable within the endpoint's range" in experiments
     number = r"([+-]?\d+\.\d+)"
     for text in (readme, experiments):
         quoted = {tuple(map(float, m)) for m in re.findall(rf"{number} \[{number}, {number}\]", text)}
@@ -284,3 +312,25 @@ def test_the_write_ups_quote_the_depth_6_to_48_window_change():
         values = [mean[(s, w, depth)] for s, w in rw.COLUMNS]
         assert f"{min(values):.2f}–{max(values):.2f} rates at depth {depth}" in experiments \
             or f"{min(values):.2f}–{max(values):.2f} at {depth}" in experiments, depth
+
+
+def test_the_write_ups_state_the_window_endpoints_limits_the_report_computes():
+    """The post-hoc limits quoted in README and experiments/README — the band against one evaluation's binomial SE,
+    the simulated detectable differences within the endpoint's range (how many lie beyond it) and how much more
+    the simulation needs than the formula — are ``limits_section``'s numbers from the committed records."""
+    records = rw.finished_records()
+    results = rw.analyse(records)
+    accuracy = rw.best_accuracy(records)
+    se = f"{rw.binomial_se_points(accuracy):.2f} points at the"
+    low, high = rw.simulation_excess(results)
+    inside, beyond, count = rw.detectable_span(results["window"][0], rw.endpoint_range(records, "window"))
+    readme, experiments = _write_up_sections()
+    report = open(os.path.join(rw.OUT, "report.md")).read()
+    assert rw.limits_section(records, results) in report
+    for text in (readme, experiments):
+        assert se in text and f"{100 * accuracy:.1f}%" in text
+    assert f"{100 * low:.0f}% to {100 * high:.0f}% more" in readme and f"{100 * low:.0f}% to {100 * high:.0f}% more" \
+        in experiments
+    assert f"{inside} rates were detectable" in readme and f"{beyond} of {count}" in readme
+    assert "1.75" not in readme + experiments and "10.05" not in readme + experiments
+
