@@ -39,9 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import sweep  # noqa: E402  (records, resume, ETA, statistics, tables)
 from layerscale_jax import lora as lora_lib  # noqa: E402
-from layerscale_jax.optim.config import freeze_patterns  # noqa: E402
 from layerscale_jax.train import finetune as finetune_lib  # noqa: E402
-from layerscale_jax.train.config import load_config  # noqa: E402
+from layerscale_jax.train.config import load_config, validate_experiment_config  # noqa: E402
 from layerscale_jax.train.loop import build_model_fns, train_and_evaluate  # noqa: E402
 
 OUT = os.path.join(ROOT, "experiments", "results", "finetune")
@@ -80,9 +79,9 @@ def specs(steps: int, seeds) -> list[FinetuneSpec]:
 
 def parameter_counts(config) -> dict[str, int]:
     """Trainable and total parameters of the classifier the config builds (abstract: nothing allocated)."""
-    _, abstract, _, _, _ = build_model_fns(config)
-    optim_cfg = finetune_lib.optim_config(config, abstract)
-    return lora_lib.parameter_counts(abstract, freeze_patterns(optim_cfg))
+    experiment = validate_experiment_config(config)
+    _, abstract, _, _, _ = build_model_fns(experiment)
+    return lora_lib.parameter_counts(abstract, finetune_lib.optim_settings(experiment, abstract).freeze)
 
 
 def trivial_reconstruction_loss(config) -> float:

@@ -108,10 +108,8 @@ def override_config(config: ml_collections.ConfigDict, overrides: Mapping[str, A
     validated config. Raises ``UserError`` for an unknown field (the CLI's message, naming the closest fields) and
     ``ValueError`` naming the field and the value for a value of the wrong type or out of range.
     """
-    from layerscale_jax.train.__main__ import check_override_paths
-
     flat = _dotted({**(overrides or {}), **sections})
-    check_override_paths(config, [f"--config.{path}" for path in flat])
+    config_lib.check_override_paths(config, [f"--config.{path}" for path in flat])
     config = copy.deepcopy(config)
     for path, value in flat.items():
         *parents, field = path.split(".")
@@ -177,7 +175,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *,
         start_step = 0
     results = train_and_evaluate(experiment, workdir, restart=restart)
     stopped = results.get("preempted_at_step")
-    slot = config.train.stop_after_steps
+    slot = experiment.train.stop_after_steps
     if stopped is not None and not (slot and stopped - start_step >= slot):
         raise TrainingInterrupted(workdir, stopped)
     run = load_run(workdir, ema=ema)

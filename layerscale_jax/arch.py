@@ -17,6 +17,7 @@ import difflib
 from typing import Any
 
 from layerscale_jax.errors import ConfigError
+from layerscale_jax.settings import choice, integer
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
@@ -38,14 +39,11 @@ def canonical_dtype(field: str, value: Any) -> str:
             value = np.dtype(value).name
         except TypeError:
             raise ConfigError(f"{field}={value!r} is not one of {DTYPE_NAMES}") from None
-    if value not in DTYPE_NAMES:
-        raise ConfigError(f"{field}={value!r} is not one of {DTYPE_NAMES}")
-    return value
+    return choice(field, value, DTYPE_NAMES)
 
 
 def validate_branch_scaling(branch_scaling: str, init_values: float | str | None) -> None:
-    if branch_scaling not in BRANCH_SCALINGS:
-        raise ConfigError(f"branch_scaling={branch_scaling!r} is not one of {BRANCH_SCALINGS}")
+    choice("branch_scaling", branch_scaling, BRANCH_SCALINGS)
     if branch_scaling in ("layerscale", "scalar"):
         if isinstance(init_values, str):
             if init_values != "auto":
@@ -56,19 +54,11 @@ def validate_branch_scaling(branch_scaling: str, init_values: float | str | None
 
 
 def validate_attention_impl(value) -> None:
-    if value not in ATTENTION_IMPLEMENTATIONS:
-        raise ConfigError(f"attention_impl={value!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
+    choice("attention_impl", value, ATTENTION_IMPLEMENTATIONS)
 
 
 def validate_remat(remat: str) -> None:
-    if remat not in REMAT_NAMES:
-        raise ConfigError(f"remat={remat!r} is not one of {REMAT_NAMES}")
-
-
-def _positive_int(owner, field: str) -> None:
-    value = getattr(owner, field)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{field}={value!r} must be a positive integer")
+    choice("remat", remat, REMAT_NAMES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +102,7 @@ class ArchConfig:
 
     def validate(self) -> None:
         for field in ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads"):
-            _positive_int(self, field)
+            integer(field, getattr(self, field), 1)
         if self.embed_dim % self.num_heads:
             raise ConfigError(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}")
         if self.img_size % self.patch_size:
@@ -121,8 +111,7 @@ class ArchConfig:
             raise ConfigError(f"mlp_ratio={self.mlp_ratio!r} must be positive")
         if not 0.0 <= self.drop_path_rate < 1.0:
             raise ConfigError(f"drop_path_rate={self.drop_path_rate!r} must lie in [0, 1)")
-        if self.drop_path_rule not in DROP_PATH_RULES:
-            raise ConfigError(f"drop_path_rule={self.drop_path_rule!r} is not one of {DROP_PATH_RULES}")
+        choice("drop_path_rule", self.drop_path_rule, DROP_PATH_RULES)
         if not self.norm_eps > 0:
             raise ConfigError(f"norm_eps={self.norm_eps!r} must be positive")
         validate_branch_scaling(self.branch_scaling, self.init_values)
@@ -154,8 +143,7 @@ class ViTConfig(ArchConfig):
     def validate(self) -> None:
         super().validate()
         validate_attention_impl(self.attention_impl)
-        if self.global_pool not in GLOBAL_POOLS:
-            raise ConfigError(f"global_pool={self.global_pool!r} is not one of {GLOBAL_POOLS}")
+        choice("global_pool", self.global_pool, GLOBAL_POOLS)
         if self.patch_dims not in (1, 2) or isinstance(self.patch_dims, bool):
             raise ConfigError(f"patch_dims={self.patch_dims!r} must be 1 (1-D signals) or 2 (images)")
 
@@ -174,8 +162,7 @@ class CaiTConfig(ArchConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not isinstance(self.depth_token_only, int) or self.depth_token_only < 1:
-            raise ConfigError(f"depth_token_only={self.depth_token_only!r} must be a positive integer")
+        integer("depth_token_only", self.depth_token_only, 1)
         if not self.mlp_ratio_token_only > 0:
             raise ConfigError(f"mlp_ratio_token_only={self.mlp_ratio_token_only!r} must be positive")
 
@@ -208,7 +195,7 @@ class MAEConfig(ArchConfig):
         super().validate()
         validate_attention_impl(self.attention_impl)
         for field in ("decoder_embed_dim", "decoder_depth", "decoder_num_heads"):
-            _positive_int(self, field)
+            integer(field, getattr(self, field), 1)
         if self.decoder_embed_dim % self.decoder_num_heads:
             raise ConfigError(f"decoder_embed_dim={self.decoder_embed_dim} is not divisible by "
                               f"decoder_num_heads={self.decoder_num_heads}")

@@ -39,9 +39,9 @@ from layerscale_jax.layers.params import logical_axes, param
 # The config.lora section (its fields, defaults and checks) needs no jax: layerscale_jax.lora_config.
 from layerscale_jax.lora_config import LORA_DEFAULT_TARGETS as DEFAULT_TARGETS
 from layerscale_jax.lora_config import default_lora_config as default_config
-from layerscale_jax.lora_config import lora_targets as _targets
 from layerscale_jax.lora_config import validate_lora_config as validate_config
 from layerscale_jax.optim.param_rules import trainable_mask
+from layerscale_jax.settings import integer, number, patterns
 
 __all__ = ["ADAPTER_NAMES", "DEFAULT_TARGETS", "LoRALinear", "add_adapters", "adapted_layers", "adapter_state",
            "apply_config", "default_config", "frozen_patterns", "is_adapter_path", "linear_probe_patterns",
@@ -83,13 +83,10 @@ def add_adapters(model: nnx.Module, *, rank: int, alpha: float, dropout: float =
     layer (naming it and example paths), a rank ≤ 0 or above a matched layer's ``min(d_in, d_out)`` (naming the
     layer and its shape), a layer that already has an adapter, or a layer whose kernel is read directly.
     """
-    targets = _targets(targets)
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ConfigError(f"lora rank={rank!r} must be a positive integer")
-    if not (isinstance(alpha, (int, float)) and np.isfinite(alpha) and alpha > 0):
-        raise ConfigError(f"lora alpha={alpha!r} must be a finite number > 0")
-    if not 0.0 <= float(dropout) < 1.0:
-        raise ConfigError(f"lora dropout={dropout!r} must lie in [0, 1)")
+    targets = patterns("lora.targets", targets)
+    integer("lora rank", rank, 1)
+    number("lora alpha", alpha, 0.0, low_open=True)
+    number("lora dropout", dropout, 0.0, 1.0, high_open=True)
     compiled = []
     for pattern in targets:
         try:
@@ -151,8 +148,8 @@ def add_adapters(model: nnx.Module, *, rank: int, alpha: float, dropout: float =
 
 
 def apply_config(model: nnx.Module, config, rngs: nnx.Rngs | int = 0) -> list[str]:
-    """``add_adapters`` with the fields of a ``config.lora`` section (``default_config()``)."""
-    validate_config(config)
+    """``add_adapters`` with the fields of a ``config.lora`` section (``LoraSettings``, or a config made one)."""
+    config = validate_config(config)
     return add_adapters(model, rank=config.rank, alpha=config.alpha, dropout=config.dropout,
                         targets=config.targets, rngs=rngs)
 

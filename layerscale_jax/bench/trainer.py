@@ -91,16 +91,17 @@ def measure_trainer_step(config_spec: str, *, repeats: int = 5, min_repeat_s: fl
     from layerscale_jax import data as data_lib
     from layerscale_jax.data.sharding import process_batch_rows
     from layerscale_jax.train import sharding as shard_lib
-    from layerscale_jax.train.config import load_config, model_overrides
+    from layerscale_jax.train.config import load_config, model_overrides, validate_experiment_config
     from layerscale_jax.train.loop import create_trainer
 
     config = load_config(config_spec)
-    tc = config.train
+    experiment = validate_experiment_config(config)
+    tc, optim = experiment.train, experiment.optim
     mesh = shard_lib.make_mesh(tc.mesh)
     t0 = time.perf_counter()
-    trainer = create_trainer(config, mesh)
+    trainer = create_trainer(experiment, mesh)
     state = trainer.init_state()
-    iterator = data_lib.make_train_iterator(config.data, global_batch_size=tc.batch_size, seed=tc.seed,
+    iterator = data_lib.make_train_iterator(experiment.data, global_batch_size=tc.batch_size, seed=tc.seed,
                                             rows=process_batch_rows(mesh, tc.batch_size))
     batch = data_lib.to_global_batch(next(iterator), mesh, tc.batch_size)
     trainer_loop = timing.Loop(trainer.train_step.lower(state, batch).compile(), state, batch)
@@ -111,11 +112,11 @@ def measure_trainer_step(config_spec: str, *, repeats: int = 5, min_repeat_s: fl
     stats = timing.measure({"trainer": trainer_loop.run, "model_only": model_only.run}, warmup=1, repeats=repeats,
                            min_repeat_s=min_repeat_s)
     abstract = nnx.to_pure_dict(nnx.state(trainer.abstract_model, nnx.Param))
-    update = compare_updates(trainer.bundle.tx, plain_adamw(config.optim, tc.steps), abstract, repeats=repeats)
+    update = compare_updates(trainer.bundle.tx, plain_adamw(optim, tc.steps), abstract, repeats=repeats)
     t, m = stats["trainer"]["median_s"], stats["model_only"]["median_s"]
     return {"benchmark": "trainer_step", "config": config_spec, "model": config.model.name,
             "depth": config.model.depth, "scan": scan, "batch": tc.batch_size, "dtype": dtype,
-            "optimizer": config.optim.name, "layer_decay": config.optim.layer_decay, "num_params": num_params(abstract),
+            "optimizer": optim.name, "layer_decay": optim.layer_decay, "num_params": num_params(abstract),
             "trainer_step_s": t, "model_only_step_s": m, "trainer_img_per_s": tc.batch_size / t,
             "trainer_over_model_only": t / m,
             "trainer_over_model_only_paired": timing.paired_ratio(stats["trainer"], stats["model_only"]),

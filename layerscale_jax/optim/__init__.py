@@ -12,6 +12,7 @@ from layerscale_jax.lazy import lazy_names
 
 _SOURCES = {
     "GroupRow": ".bundle", "OptimizerBundle": ".bundle", "build": ".bundle", "default_config": ".config",
+    "OptimSettings": ".config",
     "validate_config": ".config", "ema_update": ".ema", "accumulate_gradients": ".gradients",
     "sam_gradients": ".gradients", "layer_decay_scales": ".param_rules", "trainable_mask": ".param_rules",
     "weight_decay_mask": ".param_rules", "make_schedule": ".schedules",

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import optax
@@ -55,12 +55,9 @@ from flax import nnx
 
 from layerscale_jax.models import groups
 from layerscale_jax.optim import transforms
-from layerscale_jax.optim.config import freeze_patterns, validate_config
+from layerscale_jax.optim.config import OptimSettings, validate_config
 from layerscale_jax.optim.param_rules import layer_decay_scales, trainable_mask, weight_decay_mask
 from layerscale_jax.optim.schedules import make_schedule
-
-if TYPE_CHECKING:
-    import ml_collections
 
 TRAINABLE = "trainable"
 FROZEN = "frozen"
@@ -97,7 +94,7 @@ class OptimizerBundle:
     group_ids: Any
     labels: Any
     rows: tuple[GroupRow, ...]
-    config: ml_collections.ConfigDict
+    config: OptimSettings
 
     def table(self) -> str:
         """The per-layer table the trainer logs at start: group, LR multiplier, parameter counts, members."""
@@ -166,15 +163,16 @@ def _rows(model, ids: dict, scales: dict, decays: dict, trainable: dict) -> tupl
                  for g, r in sorted(acc.items()))
 
 
-def build(config: ml_collections.ConfigDict, model: nnx.Module, *, total_steps: int) -> OptimizerBundle:
-    """The optimizer for ``model`` (concrete or abstract) from an optimizer config (``default_config()``)."""
-    validate_config(config, total_steps)
+def build(config: OptimSettings, model: nnx.Module, *, total_steps: int) -> OptimizerBundle:
+    """The optimizer for ``model`` (concrete or abstract) from an optimizer section (``OptimSettings``; a
+    ``ConfigDict`` such as ``default_config()`` is made one)."""
+    config = validate_config(config, total_steps)
     schedule = make_schedule(config, total_steps)
     convention = config.layer_decay_convention
     group_ids = groups.layer_group_ids(model, convention)
     lr_scales = layer_decay_scales(model, config.layer_decay, convention, config.layer_decay_min_scale)
     wd_mask = weight_decay_mask(model)
-    train_mask = trainable_mask(model, freeze_patterns(config))
+    train_mask = trainable_mask(model, config.freeze)
 
     ids, scales, decays, trainable = (_table(t) for t in (group_ids, lr_scales, wd_mask, train_mask))
     stacked = {path: groups.is_stacked(model, path) for path in ids}
@@ -209,8 +207,5 @@ def build(config: ml_collections.ConfigDict, model: nnx.Module, *, total_steps: 
 
     labels = groups.map_params(lambda path, _: labels_by_path[path], group_ids)
     rows = _rows(model, ids, scales, decays, trainable)
-    import ml_collections          # the caller's config is one; the module itself imports without it
-    frozen_config = ml_collections.FrozenConfigDict(config)
     return OptimizerBundle(tx=tx, schedule=schedule, lr_scales=lr_scales, wd_mask=wd_mask,
-                           trainable_mask=train_mask, group_ids=group_ids, labels=labels, rows=rows,
-                           config=frozen_config)
+                           trainable_mask=train_mask, group_ids=group_ids, labels=labels, rows=rows, config=config)

@@ -38,121 +38,84 @@ Fields (``default_config()``; override any of them from the command line, e.g. `
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import TYPE_CHECKING
 
-from layerscale_jax.errors import ConfigError, did_you_mean
-
-if TYPE_CHECKING:
-    import ml_collections
+from layerscale_jax.errors import ConfigError
+from layerscale_jax.settings import Section, boolean, choice, integer, number, patterns
 
 OPTIMIZERS = ("adamw", "lamb", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
 CONVENTIONS = ("mae", "timm")
 
-
-def default_config() -> ml_collections.ConfigDict:
-    """The optimizer defaults (AdamW, cosine, wd 0.05, clip 1.0, everything optional off); see the module doc."""
-    import ml_collections  # imported here: the optimizer code runs without it (e.g. on a bare GPU machine)
-    return ml_collections.ConfigDict(dict(
-        name="adamw",
-        learning_rate=1e-3,
-        schedule="cosine",
-        warmup_steps=0,
-        end_learning_rate=0.0,
-        b1=0.9,
-        b2=0.999,
-        eps=1e-8,
-        momentum=0.9,
-        weight_decay=0.05,
-        grad_clip_norm=1.0,
-        layer_decay=1.0,
-        layer_decay_convention="mae",
-        layer_decay_min_scale=0.0,
-        freeze=(),
-        sam_rho=0.0,
-        sam_adaptive=False,
-        sam_eta=0.01,
-        accum_steps=1,
-        ema_decay=0.0,
-    ))
+# field → the interval it lies in: (low, high, low_open, high_open)
+_INTERVALS = {"learning_rate": (0.0, math.inf, True, False), "end_learning_rate": (0.0, math.inf, False, False),
+              "b1": (0.0, 1.0, False, True), "b2": (0.0, 1.0, False, True), "eps": (0.0, math.inf, False, False),
+              "momentum": (0.0, 1.0, False, True), "weight_decay": (0.0, math.inf, False, False),
+              "grad_clip_norm": (0.0, math.inf, False, False), "layer_decay": (0.0, 1.0, True, False),
+              "layer_decay_min_scale": (0.0, 1.0, False, False), "sam_rho": (0.0, math.inf, False, False),
+              "sam_eta": (0.0, math.inf, False, False), "ema_decay": (0.0, 1.0, False, True)}
 
 
-def freeze_patterns(config) -> tuple[str, ...]:
-    """``config.freeze`` as a tuple of regexes (a single string is one regex)."""
-    freeze = config.freeze
-    if isinstance(freeze, str):
-        return (freeze,) if freeze else ()
-    return tuple(freeze or ())
+@dataclasses.dataclass(frozen=True)
+class OptimSettings(Section):
+    """The optimizer section, checked when it is made (see the module doc for every field)."""
+    PREFIX = "optim"
+    name: str = "adamw"
+    learning_rate: float = 1e-3
+    schedule: str = "cosine"
+    warmup_steps: int = 0
+    end_learning_rate: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    momentum: float = 0.9
+    weight_decay: float = 0.05
+    grad_clip_norm: float = 1.0
+    layer_decay: float = 1.0
+    layer_decay_convention: str = "mae"
+    layer_decay_min_scale: float = 0.0
+    freeze: tuple[str, ...] = ()
+    sam_rho: float = 0.0
+    sam_adaptive: bool = False
+    sam_eta: float = 0.01
+    accum_steps: int = 1
+    ema_decay: float = 0.0
+
+    def __post_init__(self):
+        choice("optim.name", self.name, OPTIMIZERS)
+        choice("optim.schedule", self.schedule, SCHEDULES)
+        choice("optim.layer_decay_convention", self.layer_decay_convention, CONVENTIONS)
+        for field, (low, high, low_open, high_open) in _INTERVALS.items():
+            self._set(field, number(f"optim.{field}", getattr(self, field), low, high, low_open=low_open,
+                                    high_open=high_open))
+        if self.end_learning_rate > self.learning_rate:
+            raise ConfigError(f"optim.end_learning_rate={self.end_learning_rate!r} exceeds "
+                              f"optim.learning_rate={self.learning_rate!r}")
+        if boolean("optim.sam_adaptive", self.sam_adaptive) and self.sam_rho == 0:
+            raise ConfigError("optim.sam_adaptive=True needs optim.sam_rho > 0")
+        integer("optim.warmup_steps", self.warmup_steps, 0)
+        integer("optim.accum_steps", self.accum_steps, 1)
+        self._set("freeze", patterns("optim.freeze", self.freeze))
+
+    def check_steps(self, total_steps: int) -> OptimSettings:
+        """Refuse a warm-up that leaves the decaying schedule no step of ``total_steps``; returns ``self``."""
+        integer("total_steps", total_steps, 1)
+        if self.warmup_steps > total_steps or (self.schedule != "constant" and self.warmup_steps == total_steps):
+            raise ConfigError(f"optim.warmup_steps={self.warmup_steps} leaves no room for the {self.schedule!r} "
+                              f"schedule in total_steps={total_steps}")
+        return self
 
 
-def _number(config, field: str, low: float, high: float, *, low_open=False, high_open=False) -> float:
-    value = getattr(config, field)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"optim.{field}={value!r} must be a number")
-    if not math.isfinite(value):
-        raise ConfigError(f"optim.{field}={value!r} must be a finite number")
-    too_low = value <= low if low_open else value < low
-    too_high = value >= high if high_open else value > high
-    if too_low or too_high:
-        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ConfigError(f"optim.{field}={value!r} must lie in {interval}")
-    return float(value)
+def default_config():
+    """The optimizer defaults (AdamW, cosine, wd 0.05, clip 1.0, everything optional off) as the ``ConfigDict`` a
+    config file starts from; see the module doc."""
+    return OptimSettings().to_config()
 
 
-def validate_config(config, total_steps: int | None = None) -> None:
-    """Raise ``ValueError`` naming the field for anything wrong in an optimizer config (``default_config()``'s
-    fields; unknown fields are rejected so a typo never silently falls back to a default)."""
-    known = set(default_config().keys())
-    unknown = sorted(set(config.keys()) - known)
-    if unknown:
-        listed = ", ".join(f"optim.{key}{did_you_mean(key, known)}" for key in unknown)
-        raise ConfigError(f"unknown optim option(s) {listed}; valid options: {sorted(known)}")
-    missing = sorted(known - set(config.keys()))
-    if missing:
-        raise ConfigError(f"optim config lacks option(s) {missing}; start from optim.default_config()")
-    if config.name not in OPTIMIZERS:
-        raise ConfigError(f"optim.name={config.name!r} is not one of {OPTIMIZERS}")
-    if config.schedule not in SCHEDULES:
-        raise ConfigError(f"optim.schedule={config.schedule!r} is not one of {SCHEDULES}")
-    if config.layer_decay_convention not in CONVENTIONS:
-        raise ConfigError(f"optim.layer_decay_convention={config.layer_decay_convention!r} is not one of "
-                          f"{CONVENTIONS}")
-    inf = float("inf")
-    lr = _number(config, "learning_rate", 0.0, inf, low_open=True)
-    end = _number(config, "end_learning_rate", 0.0, inf)
-    if end > lr:
-        raise ConfigError(f"optim.end_learning_rate={end!r} exceeds optim.learning_rate={lr!r}")
-    _number(config, "b1", 0.0, 1.0, high_open=True)
-    _number(config, "b2", 0.0, 1.0, high_open=True)
-    _number(config, "eps", 0.0, inf)
-    _number(config, "momentum", 0.0, 1.0, high_open=True)
-    _number(config, "weight_decay", 0.0, inf)
-    _number(config, "grad_clip_norm", 0.0, inf)
-    _number(config, "layer_decay", 0.0, 1.0, low_open=True)
-    _number(config, "layer_decay_min_scale", 0.0, 1.0)
-    _number(config, "sam_rho", 0.0, inf)
-    _number(config, "sam_eta", 0.0, inf)
-    _number(config, "ema_decay", 0.0, 1.0, high_open=True)
-    if not isinstance(config.sam_adaptive, bool):
-        raise ConfigError(f"optim.sam_adaptive={config.sam_adaptive!r} must be a bool")
-    if config.sam_adaptive and config.sam_rho == 0:
-        raise ConfigError("optim.sam_adaptive=True needs optim.sam_rho > 0")
-    for field in ("warmup_steps", "accum_steps"):
-        value = getattr(config, field)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"optim.{field}={value!r} must be an integer")
-    if config.warmup_steps < 0:
-        raise ConfigError(f"optim.warmup_steps={config.warmup_steps!r} must be ≥ 0")
-    if config.accum_steps < 1:
-        raise ConfigError(f"optim.accum_steps={config.accum_steps!r} must be ≥ 1")
-    for pattern in freeze_patterns(config):
-        if not isinstance(pattern, str):
-            raise ConfigError(f"optim.freeze entry {pattern!r} must be a regex string")
-    if total_steps is not None:
-        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise ConfigError(f"total_steps={total_steps!r} must be a positive integer")
-        decays = config.schedule != "constant"
-        if config.warmup_steps > total_steps or (decays and config.warmup_steps == total_steps):
-            raise ConfigError(f"optim.warmup_steps={config.warmup_steps} leaves no room for the "
-                              f"{config.schedule!r} schedule in total_steps={total_steps}")
+def validate_config(config, total_steps: int | None = None) -> OptimSettings:
+    """The optimizer section ``config`` (a ``ConfigDict``, a mapping or ``OptimSettings``) as ``OptimSettings``,
+    checked against ``total_steps`` when given; raises ``ConfigError`` (a ``ValueError``) naming the field for
+    anything wrong (unknown fields are refused, so a typo never silently falls back to a default)."""
+    settings = OptimSettings.of(config)
+    return settings if total_steps is None else settings.check_steps(total_steps)

@@ -19,20 +19,15 @@ from flax import nnx
 from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.params import DECAYED_ROLES, map_variables, role
 from layerscale_jax.models import groups
-
-
-def _check_decay(decay: float, min_scale: float) -> None:
-    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay <= 1.0:
-        raise ConfigError(f"layer_decay={decay!r} must lie in (0, 1]")
-    if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) or not 0.0 <= min_scale <= 1.0:
-        raise ConfigError(f"layer_decay_min_scale={min_scale!r} must lie in [0, 1]")
+from layerscale_jax.settings import number
 
 
 def layer_decay_scales(model: nnx.Module, decay: float, convention: str = "mae",
                        min_scale: float = 0.0) -> nnx.State:
     """Each parameter's LR multiplier ``max(decay ** (L_max − group), min_scale)`` (``float``; ``np.ndarray`` of
     shape ``(depth,)`` for stacked parameters). ``decay=1`` gives 1.0 everywhere."""
-    _check_decay(decay, min_scale)
+    number("layer_decay", decay, 0.0, 1.0, low_open=True)
+    number("layer_decay_min_scale", min_scale, 0.0, 1.0)
     ids = groups.layer_group_ids(model, convention)
     last = groups.num_layer_groups(model, convention) - 1
 

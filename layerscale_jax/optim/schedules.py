@@ -14,8 +14,8 @@ from layerscale_jax.optim.config import validate_config
 
 
 def make_schedule(config, total_steps: int) -> optax.Schedule:
-    """The schedule ``step → learning rate`` of an optimizer config (``default_config()``)."""
-    validate_config(config, total_steps)
+    """The schedule ``step → learning rate`` of an optimizer section (``OptimSettings``, or a config made one)."""
+    config = validate_config(config, total_steps)
     peak, end, warmup = float(config.learning_rate), float(config.end_learning_rate), int(config.warmup_steps)
     if config.schedule == "cosine":
         return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, total_steps, end_value=end)

@@ -42,12 +42,12 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from layerscale_jax.cli import run_cli  # noqa: E402
-from layerscale_jax.errors import UserError, did_you_mean  # noqa: E402
+from layerscale_jax.errors import UserError  # noqa: E402
 from layerscale_jax.paths import as_path  # noqa: E402
-from layerscale_jax.train.config import Experiment, load_config, validate_experiment_config  # noqa: E402
+from layerscale_jax.train.config import (CONFIG_FLAG, Experiment, check_override_paths, load_config,  # noqa: E402
+                                         validate_experiment_config)
 from layerscale_jax.train.launch import accelerator_line, missing_accelerator_package, resolve_launch  # noqa: E402
 
-CONFIG_FLAG = "config"
 EXIT_INTERRUPTED = 130                        # 128 + SIGINT, as a shell reports a Ctrl-C
 INTERRUPTED_MESSAGE = ("interrupted by a second Ctrl-C: stopped at once, without saving; rerun the command to resume "
                        "from the last checkpoint")
@@ -104,32 +104,6 @@ def _split_config_args(argv: list[str]) -> tuple[str | None, list[str], list[str
             rest.append(arg)
             i += 1
     return spec, overrides, rest
-
-
-def _leaf_paths(config, prefix: str = "") -> list[str]:
-    paths = []
-    for key in config.keys():
-        path = prefix + key
-        paths.append(path)
-        value = config[key]
-        if hasattr(value, "keys") and not isinstance(value, (str, bytes)):
-            paths += _leaf_paths(value, path + ".")
-    return paths
-
-
-def check_override_paths(config, overrides: list[str]) -> None:
-    """Refuse ``--config.X`` overrides whose field does not exist, naming the closest existing fields."""
-    paths = [f"{CONFIG_FLAG}.{p}" for p in _leaf_paths(config)]
-    for arg in overrides:
-        if not arg.startswith("-"):
-            continue                                           # the value of a '--config.a.b value' pair
-        name = arg.lstrip("-").split("=", 1)[0]
-        field = f"{CONFIG_FLAG}.{name.split('.', 1)[1]}" if "." in name else CONFIG_FLAG
-        node = config
-        for key in field.split(".")[1:]:
-            if not hasattr(node, "keys") or key not in node.keys():
-                raise UserError(f"unknown config field {field}{did_you_mean(field, paths)}")
-            node = node[key]
 
 
 def parse_command_line(argv: list[str]) -> flags.FlagValues:
@@ -198,7 +172,6 @@ def main(argv: list[str]) -> int:
         _print_help()
         return 0
     parsed, experiment = parse_job(argv)
-    config = experiment.config
     flags.FLAGS.mark_as_parsed()             # absl logging (used by orbax) otherwise warns about unparsed flags
     launch = resolve_launch(distributed=parsed.distributed, coordinator_address=parsed.coordinator_address,
                             num_processes=parsed.num_processes, process_id=parsed.process_id,
@@ -234,7 +207,7 @@ def main(argv: list[str]) -> int:
     # workdir, save and checkpoint problems raise UserErrors
     results = train_and_evaluate(experiment, parsed.workdir, restart=parsed.restart)
     signalled = stop_signals.received is not None or stop_signals.notice_time() is not None
-    if "preempted_at_step" in results and (signalled or not config.train.stop_after_steps):
+    if "preempted_at_step" in results and (signalled or not experiment.train.stop_after_steps):
         return stop_signals.exit_status       # 143 (a preemption notice) or 130 (Ctrl-C): unfinished, rerun it
     return 0
 

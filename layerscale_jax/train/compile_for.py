@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from layerscale_jax.errors import UserError
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import targets as targets_lib
+from layerscale_jax.train.config import as_experiment
 
 GiB = targets_lib.GiB
 # libtpu's out-of-memory at compile time, e.g. "... HLO temporaries (16.96G) exceeds available HBM (15.75G)".
@@ -161,11 +162,11 @@ def declared_dataset_info(experiment):
                        train_split=settings.train_split, eval_split=settings.eval_split or "test")
 
 
-def batch_specs(config, mesh, size: int, with_mask: bool) -> dict:
+def batch_specs(experiment, mesh, size: int, with_mask: bool) -> dict:
     """Abstract global batches as the loop feeds them: float32 images, int32 labels (and the eval mask)."""
     sharding = shard_lib.batch_sharding(mesh)
-    side, channels = config.data.image_size, config.model.get("in_chans", 3)
-    shape = (size,) + (side,) * config.model.get("patch_dims", 2) + (channels,)
+    arch = experiment.model
+    shape = (size,) + (experiment.data.image_size,) * getattr(arch, "patch_dims", 2) + (arch.in_chans,)
     spec = {"image": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding),
             "label": jax.ShapeDtypeStruct((size,), jnp.int32, sharding=sharding)}
     if with_mask:
@@ -176,14 +177,14 @@ def batch_specs(config, mesh, size: int, with_mask: bool) -> dict:
 def describe_model(trainer) -> str:
     arch = trainer.arch
     count = sum(math.prod(p.shape) for p in jax.tree.leaves(trainer.abstract_state["params"]))
-    return (f"{trainer.config.model.name} (depth {arch.depth}, width {arch.embed_dim}, {count:,} parameters, "
-            f"{arch.dtype}, remat {arch.remat})")
+    return (f"{trainer.experiment.config.model.name} (depth {arch.depth}, width {arch.embed_dim}, {count:,} "
+            f"parameters, {arch.dtype}, remat {arch.remat})")
 
 
 def analytic_flops(trainer) -> int:
     """Model FLOPs of one train step on the global batch (``bench.flops``)."""
     from layerscale_jax.bench.flops import train_step_flops
-    return train_step_flops(trainer.arch, trainer.config.train.batch_size)
+    return train_step_flops(trainer.arch, trainer.train.batch_size)
 
 
 class DoesNotFit(UserError):
@@ -236,29 +237,28 @@ def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSte
     with abstract sharded inputs over ``target``'s devices and compiled by its compiler. libtpu's out-of-memory
     raises ``DoesNotFit``."""
     from layerscale_jax.train import loop as loop_lib
-    from layerscale_jax.train.config import as_experiment
 
     experiment = as_experiment(config)
-    config = experiment.config
     parsed = targets_lib.parse_target(target)
-    mesh = shard_lib.make_mesh(config.train.mesh, targets_lib.target_devices(parsed))
-    tc = config.train
+    tc = experiment.train
+    mesh = shard_lib.make_mesh(tc.mesh, targets_lib.target_devices(parsed))
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)    # cross-compiled entries cannot be read back
     try:
         trainer = loop_lib.create_trainer(experiment, mesh, info=declared_dataset_info(experiment))
         steps = {"train": (trainer.train_step, (trainer.abstract_state,
-                                                batch_specs(config, mesh, tc.batch_size, False)))}
+                                                batch_specs(experiment, mesh, tc.batch_size, False)))}
         if eval_step:
             steps["eval"] = (trainer.eval_step, (trainer.abstract_state["params"],
-                                                 batch_specs(config, mesh, tc.eval_batch_size, True)))
+                                                 batch_specs(experiment, mesh, tc.eval_batch_size, True)))
         seconds, compiled = {}, {}
         for name, (step, args) in steps.items():
             start = time.perf_counter()
             try:
                 compiled[name] = step.lower(*args).compile()
             except Exception as err:        # noqa: BLE001 - an out-of-memory becomes one line; others propagate
-                oom = _out_of_memory(err, parsed, config, tc.batch_size // (mesh.shape["data"] * mesh.shape["fsdp"]))
+                per_chip = tc.batch_size // (mesh.shape["data"] * mesh.shape["fsdp"])
+                oom = _out_of_memory(err, parsed, experiment.config, per_chip)
                 if oom is None:
                     raise
                 raise oom from err
@@ -274,15 +274,15 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
     raises ``DoesNotFit`` (a ``UserError``: one line with the numbers) instead of returning its report.
     ``eval_step=False`` compiles the train step only."""
     steps = compile_steps(config, target, eval_step=eval_step)
-    config = steps.trainer.config
-    parsed, mesh, compiled, tc = steps.target, steps.mesh, steps.compiled, config.train
+    parsed, mesh, compiled, tc = steps.target, steps.mesh, steps.compiled, steps.trainer.train
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
     report = CompileReport(
         target=parsed.name, topology=parsed.describe(), chip=parsed.chip.name, chip_source=parsed.chip.source,
         num_chips=parsed.num_chips, mesh={k: int(v) for k, v in mesh.shape.items()},
         model=describe_model(steps.trainer),
         global_batch=tc.batch_size, per_chip_batch=tc.batch_size // batch_devices,
-        accum_steps=config.optim.accum_steps, hbm_per_chip=parsed.memory_per_chip, memory_note=parsed.memory_note,
+        accum_steps=steps.trainer.optim.accum_steps, hbm_per_chip=parsed.memory_per_chip,
+        memory_note=parsed.memory_note,
         train_memory=StepMemory.of(compiled["train"]),
         eval_memory=StepMemory.of(compiled["eval"]) if eval_step else None,
         flops_per_step=analytic_flops(steps.trainer),
@@ -291,7 +291,7 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
         hbm_bytes_per_s=parsed.chip.hbm_bytes_per_s)
     if check_fit and not report.fits:
         fixed = report.train_memory.total - report.train_memory.temporaries
-        raise DoesNotFit(does_not_fit(config, parsed, report.peak_bytes, report.hbm_per_chip,
+        raise DoesNotFit(does_not_fit(steps.trainer.experiment.config, parsed, report.peak_bytes, report.hbm_per_chip,
                                       "arguments, outputs and temporaries", report.per_chip_batch,
                                       report.train_memory.temporaries, report.hbm_per_chip - fixed))
     return report
@@ -390,12 +390,10 @@ def command_line_overrides(overrides: dict) -> str:
     return " ".join(f"--config.{k}={v}" for k, v in overrides.items())
 
 
-def compile_command(config, target: str, *, fit: bool = False, as_json: bool = False) -> int:
+def compile_command(experiment, target: str, *, fit: bool = False, as_json: bool = False) -> int:
     """``python -m layerscale_jax.train --config ... --compile_for TARGET [--fit] [--json]``: the report on stdout
-    (its JSON as the last line with ``--json``); a run that does not fit is one ``error:`` line (``DoesNotFit``)."""
-    from layerscale_jax.train.config import as_experiment
-
-    experiment = as_experiment(config)
+    (its JSON as the last line with ``--json``); a run that does not fit is one ``error:`` line (``DoesNotFit``).
+    ``experiment``: the command line's, validated."""
     overrides: dict = {}
     if fit:
         report, overrides = fit_search(experiment.config, target)

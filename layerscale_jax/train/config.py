@@ -44,11 +44,11 @@ A full experiment config (see ``configs/``) has four sections (and an optional `
 ``lora`` fields: ``layerscale_jax.lora_config``.
 
 ``load_config(spec)`` reads a config file (``configs/X.py[:arg]``) and ``validate_experiment_config(config)``
-checks all four sections where the config enters (the command line calls both before jax is imported): unknown
+checks all sections where the config enters (the command line calls both before jax is imported): unknown
 sections and fields are refused with the closest valid names, every number must be finite and in range, and each
-error names the field and the value. It returns an ``Experiment``: the config with its model section as the
-``ArchConfig`` the trainer builds and its data section as the ``DataSettings`` the input reads, so nothing after
-the entry point checks them again.
+error names the field and the value. It returns an ``Experiment``, every section typed and frozen (``ArchConfig``,
+``DataSettings``, ``TrainSettings`` with its ``MeshSettings`` and sharding rules, ``OptimSettings``,
+``LoraSettings``), so nothing after the entry point reads the ``ConfigDict`` or checks a section again.
 """
 from __future__ import annotations
 
@@ -64,9 +64,10 @@ import ml_collections
 from layerscale_jax.arch import ArchConfig, MAEConfig, get_entry, model_config
 from layerscale_jax.data.config import DataSettings, validate_data_config
 from layerscale_jax.errors import ConfigError, UserError, did_you_mean
-from layerscale_jax.lora_config import validate_lora_config
-from layerscale_jax.optim.config import validate_config as validate_optim_config
+from layerscale_jax.lora_config import LoraSettings
+from layerscale_jax.optim.config import OptimSettings
 from layerscale_jax.paths import as_path
+from layerscale_jax.settings import Section, check_fields, choice, integer, number
 
 NONFINITE_MODES = ("raise", "skip")
 FINETUNE_MODES = ("full", "lora", "linear_probe")          # train.finetune
@@ -117,89 +118,89 @@ def model_overrides(model_cfg) -> dict:
 DEFAULT_CACHE_DIR = "~/.cache/layerscale_jax/xla"    # per host; a job of several processes uses WORKDIR/xla_cache
 
 
+@dataclasses.dataclass(frozen=True)
+class MeshSettings(Section):
+    """``train.mesh``: ``data``, ``fsdp``, ``tensor`` positive integers or -1 (at most one: the remaining devices),
+    ``dcn_*`` positive integers; a missing axis is 1."""
+    PREFIX = "train.mesh"
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+    dcn_data: int = 1
+    dcn_fsdp: int = 1
+    dcn_tensor: int = 1
+
+    def __post_init__(self):
+        for axis in MESH_AXES:
+            integer(f"train.mesh.{axis}", getattr(self, axis), 1, also=(-1,), note=" or -1 (the remaining devices)")
+        for axis in DCN_AXES:
+            integer(f"train.mesh.{axis}", getattr(self, axis), 1)
+        fill = [a for a in MESH_AXES if getattr(self, a) == -1]
+        if len(fill) > 1:
+            raise ConfigError(f"train.mesh: at most one of data, fsdp, tensor may be -1, got {', '.join(fill)} = -1")
+
+
+def sharding_rules(rules) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+    """``train.sharding_rules`` checked: (logical axis, a mesh axis, several or None) pairs, as tuples."""
+    checked = []
+    for rule in rules:
+        if isinstance(rule, str) or len(rule) != 2 or not isinstance(rule[0], str):
+            raise ConfigError(f"train.sharding_rules entry {rule!r} must be a (logical axis, mesh axis) pair")
+        name, target = rule
+        target = target if target is None or isinstance(target, str) else tuple(target)
+        for t in (target,) if isinstance(target, str) else target or ():
+            if t not in MESH_AXES:
+                raise ConfigError(f"sharding rule {name!r} → {target!r}: {t!r} is not a mesh axis {MESH_AXES}")
+        checked.append((name, target))
+    return tuple(checked)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings(Section):
+    """``config.train``, checked when it is made (the module doc has every field)."""
+    PREFIX = "train"
+    steps: int = 1000
+    batch_size: int = 128
+    eval_batch_size: int = 256
+    seed: int = 0
+    log_every: int = 50
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    mesh: MeshSettings = MeshSettings(data=-1)
+    sharding_rules: tuple = DEFAULT_RULES
+    nonfinite: str = "raise"
+    init_from: str = ""
+    stop_after_steps: int = 0
+    stop_deadline_seconds: float = 0.0
+    finetune: str = "full"
+    compilation_cache_dir: str = DEFAULT_CACHE_DIR
+
+    def __post_init__(self):
+        for field in ("steps", "batch_size", "eval_batch_size", "log_every", "keep_checkpoints"):
+            integer(f"train.{field}", getattr(self, field), 1)
+        for field in ("eval_every", "checkpoint_every", "stop_after_steps", "seed"):
+            integer(f"train.{field}", getattr(self, field), 0)
+        self._set("stop_deadline_seconds", number("train.stop_deadline_seconds", self.stop_deadline_seconds, 0.0))
+        self._set("mesh", MeshSettings.of(self.mesh))
+        self._set("sharding_rules", sharding_rules(self.sharding_rules))
+        choice("train.nonfinite", self.nonfinite, NONFINITE_MODES)
+        choice("train.finetune", self.finetune, FINETUNE_MODES)
+        for field in ("init_from", "compilation_cache_dir"):
+            if not isinstance(getattr(self, field), str):
+                raise ConfigError(f"train.{field}={getattr(self, field)!r} must be '' or a path")
+        if self.compilation_cache_dir:
+            as_path(self.compilation_cache_dir, "train.compilation_cache_dir")     # a supported scheme
+
+
 def default_train_config() -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict({
-        "steps": 1000,
-        "batch_size": 128,
-        "eval_batch_size": 256,
-        "seed": 0,
-        "log_every": 50,
-        "eval_every": 0,
-        "checkpoint_every": 0,
-        "keep_checkpoints": 2,
-        "mesh": {"data": -1, "fsdp": 1, "tensor": 1, "dcn_data": 1, "dcn_fsdp": 1, "dcn_tensor": 1},
-        "sharding_rules": DEFAULT_RULES,
-        "nonfinite": "raise",
-        "init_from": "",
-        "stop_after_steps": 0,
-        "stop_deadline_seconds": 0.0,
-        "finetune": "full",
-        "compilation_cache_dir": DEFAULT_CACHE_DIR,
-    })
+    """``config.train``'s defaults as the ``ConfigDict`` a config file starts from."""
+    return TrainSettings().to_config()
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_fields(section, known, prefix: str) -> None:
-    """Refuse fields of ``section`` that are not in ``known``, naming the closest valid ones."""
-    unknown = sorted(set(section.keys()) - set(known))
-    if unknown:
-        listed = ", ".join(f"{prefix}{key}{did_you_mean(key, known)}" for key in unknown)
-        raise ConfigError(f"unknown config field(s) {listed}; valid fields of {prefix.rstrip('.') or 'a config'}: "
-                          f"{', '.join(sorted(known))}")
-
-
-def _mesh_sizes(mesh_config, fields, allow_fill: bool) -> dict[str, int]:
-    sizes = {}
-    for field in fields:
-        value = mesh_config.get(field, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and not (allow_fill and value == -1)):
-            raise ConfigError(f"train.mesh.{field}={value!r} must be a positive integer"
-                              + (" or -1 (the remaining devices)" if allow_fill else ""))
-        sizes[field] = value
-    return sizes
-
-
-def validate_mesh_config(mesh_config) -> tuple[dict[str, int], dict[str, int]]:
-    """``config.train.mesh`` checked field by field: ``data``, ``fsdp``, ``tensor`` positive integers or -1 (at
-    most one), ``dcn_*`` positive integers. Returns ``(within-granule sizes, dcn_* sizes)``."""
-    ici = _mesh_sizes(mesh_config, MESH_AXES, allow_fill=True)
-    dcn = _mesh_sizes(mesh_config, DCN_AXES, allow_fill=False)
-    fill = [a for a in MESH_AXES if ici[a] == -1]
-    if len(fill) > 1:
-        raise ConfigError(f"train.mesh: at most one of data, fsdp, tensor may be -1, got {', '.join(fill)} = -1")
-    return ici, dcn
-
-
-def validate_train_config(train) -> None:
-    """Check ``config.train``: unknown fields, integer ranges, the mesh axes and ``nonfinite``."""
-    defaults = default_train_config()
-    _check_fields(train, defaults.keys(), "train.")
-    for field in ("steps", "batch_size", "eval_batch_size", "log_every", "keep_checkpoints"):
-        value = train[field]
-        if not _is_int(value) or value < 1:
-            raise ConfigError(f"train.{field}={value!r} must be a positive integer")
-    for field in ("eval_every", "checkpoint_every", "stop_after_steps", "seed"):
-        value = train[field]
-        if not _is_int(value) or value < 0:
-            raise ConfigError(f"train.{field}={value!r} must be a non-negative integer")
-    deadline = train.stop_deadline_seconds
-    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 <= deadline < math.inf:
-        raise ConfigError(f"train.stop_deadline_seconds={deadline!r} must be a finite number of seconds ≥ 0 (0: none)")
-    _check_fields(train.mesh, MESH_FIELDS, "train.mesh.")
-    validate_mesh_config(train.mesh)
-    if train.nonfinite not in NONFINITE_MODES:
-        raise ConfigError(f"train.nonfinite={train.nonfinite!r} is not one of {NONFINITE_MODES}")
-    if not isinstance(train.init_from, str):
-        raise ConfigError(f"train.init_from={train.init_from!r} must be '' or a path")
-    if not isinstance(train.compilation_cache_dir, str):
-        raise ConfigError(f"train.compilation_cache_dir={train.compilation_cache_dir!r} must be '' or a path")
-    if train.compilation_cache_dir:
-        as_path(train.compilation_cache_dir, "train.compilation_cache_dir")     # a supported scheme
-    if train.get("finetune", "full") not in FINETUNE_MODES:
-        raise ConfigError(f"train.finetune={train.get('finetune')!r} is not one of {FINETUNE_MODES}")
+def validate_train_config(train) -> TrainSettings:
+    """``config.train`` (a ``ConfigDict``, a mapping or ``TrainSettings``) as ``TrainSettings``."""
+    return TrainSettings.of(train)
 
 
 def validate_model_section(model) -> ArchConfig:
@@ -211,7 +212,7 @@ def validate_model_section(model) -> ArchConfig:
         raise ConfigError(f"model.name={name!r} must be a registered model name")
     entry = get_entry(name)                                    # an unknown name lists the closest registered ones
     fields = {f.name for f in dataclasses.fields(entry.config_cls)}
-    _check_fields(model, fields | {"name"}, "model.")
+    check_fields(model, fields | {"name"}, "model.")
     overrides = model_overrides(model)
     for key, value in overrides.items():
         if isinstance(value, float) and not math.isfinite(value):
@@ -222,56 +223,81 @@ def validate_model_section(model) -> ArchConfig:
         raise ConfigError(f"model ({name}): {err}") from err
 
 
-def validate_finetune(config, arch: ArchConfig) -> None:
-    """Check ``train.finetune`` and the ``lora`` section together, for the model ``arch``."""
-    mode = config.train.get("finetune", "full")
-    if mode not in FINETUNE_MODES:
-        raise ConfigError(f"train.finetune={mode!r} is not one of {FINETUNE_MODES}")
-    if "lora" in config:
-        validate_lora_config(config.lora)
-        if mode != "lora":
-            raise ConfigError(f"config.lora is set but train.finetune={mode!r}; set train.finetune='lora' or remove "
-                              "the lora section")
-    if mode != "full" and isinstance(arch, MAEConfig):
-        raise ConfigError(f"train.finetune={mode!r} needs a classifier, but model.name={config.model.name!r} is "
-                          "an MAE pre-training model; fine-tune its encoder in a ViT (train.init_from=<MAE run>)")
-
-
 SECTIONS = ("model", "data", "optim", "train")
 OPTIONAL_SECTIONS = ("lora",)
 
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """A validated experiment config: ``config``, the ``ConfigDict`` as given (its sections, written to the
-    workdir's config.json); ``model``, its model section as the architecture config the trainer builds; ``data``,
-    its data section as the ``data.config.DataSettings`` the input pipeline reads. Made by
-    ``validate_experiment_config`` where a config enters (the command line, ``api.fit``, ``train_and_evaluate``,
-    ``train_and_record``); what it is passed to checks nothing again."""
+    """A validated experiment config, one typed section each: ``model``, the architecture config the trainer builds;
+    ``data``, the ``data.config.DataSettings`` the input pipeline reads; ``train`` (``TrainSettings``, its mesh and
+    sharding rules included); ``optim`` (``optim.config.OptimSettings``); ``lora`` (``lora_config.LoraSettings``
+    with ``train.finetune='lora'``, the section's defaults where it is absent; else None). ``config`` is the
+    ``ConfigDict`` as given, written to the workdir's config.json. Made once by ``validate_experiment_config`` where
+    a config enters (the command line, ``api.fit``, the loop's entries); what it is passed to checks nothing again."""
     config: ml_collections.ConfigDict
     model: ArchConfig
     data: DataSettings
+    train: TrainSettings
+    optim: OptimSettings
+    lora: LoraSettings | None = None
 
 
 def validate_experiment_config(config) -> Experiment:
     """Check a whole experiment config (the four sections and the optional ``lora``) where it enters, and return
     it as an ``Experiment``; raises ``ConfigError`` naming the field and the value. Nothing is built, no device is
     touched and jax is not imported."""
-    _check_fields(config, SECTIONS + OPTIONAL_SECTIONS, "")
+    check_fields(config, SECTIONS + OPTIONAL_SECTIONS, "")
     missing = [s for s in SECTIONS if s not in config]
     if missing:
         raise ConfigError(f"config lacks section(s) {missing}; a config has the sections {list(SECTIONS)}")
     arch = validate_model_section(config.model)
     data = validate_data_config(config.data)
-    validate_train_config(config.train)
-    validate_optim_config(config.optim, total_steps=config.train.steps)
-    validate_finetune(config, arch)
-    return Experiment(config, arch, data)
+    train = TrainSettings.of(config.train)
+    optim = OptimSettings.of(config.optim).check_steps(train.steps)
+    lora = LoraSettings.of(config.lora) if "lora" in config else None
+    if lora is not None and train.finetune != "lora":
+        raise ConfigError(f"config.lora is set but train.finetune={train.finetune!r}; set train.finetune='lora' or "
+                          "remove the lora section")
+    if train.finetune != "full" and isinstance(arch, MAEConfig):
+        raise ConfigError(f"train.finetune={train.finetune!r} needs a classifier, but model.name="
+                          f"{config.model.name!r} is an MAE pre-training model; fine-tune its encoder in a ViT "
+                          "(train.init_from=<MAE run>)")
+    return Experiment(config, arch, data, train, optim, lora or (LoraSettings() if train.finetune == "lora" else None))
 
 
 def as_experiment(config) -> Experiment:
     """``config`` (a ``ConfigDict``) validated into an ``Experiment``; an ``Experiment`` as it is."""
     return config if isinstance(config, Experiment) else validate_experiment_config(config)
+
+
+CONFIG_FLAG = "config"               # the command line's --config, and --config.SECTION.FIELD overrides
+
+
+def _leaf_paths(config, prefix: str = "") -> list[str]:
+    paths = []
+    for key in config.keys():
+        path = prefix + key
+        paths.append(path)
+        value = config[key]
+        if hasattr(value, "keys") and not isinstance(value, (str, bytes)):
+            paths += _leaf_paths(value, path + ".")
+    return paths
+
+
+def check_override_paths(config, overrides: list[str]) -> None:
+    """Refuse ``--config.X`` overrides whose field does not exist, naming the closest existing fields."""
+    paths = [f"{CONFIG_FLAG}.{p}" for p in _leaf_paths(config)]
+    for arg in overrides:
+        if not arg.startswith("-"):
+            continue                                           # the value of a '--config.a.b value' pair
+        name = arg.lstrip("-").split("=", 1)[0]
+        field = f"{CONFIG_FLAG}.{name.split('.', 1)[1]}" if "." in name else CONFIG_FLAG
+        node = config
+        for key in field.split(".")[1:]:
+            if not hasattr(node, "keys") or key not in node.keys():
+                raise UserError(f"unknown config field {field}{did_you_mean(field, paths)}")
+            node = node[key]
 
 
 def _where_in(path: str, err: BaseException) -> str:

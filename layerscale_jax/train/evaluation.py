@@ -43,8 +43,9 @@ class Evaluation:
 
     def __init__(self, trainer, *, end: int, workdir=None):
         self.trainer, self.end, self.workdir = trainer, end, workdir
-        self.every = trainer.config.train.eval_every
-        self.batch = diagnostics_batch(trainer) if trainer.diagnostics is not None else None
+        self.every, self.batch_size = trainer.train.eval_every, trainer.train.eval_batch_size
+        self.batch = (diagnostics_batch(trainer.data, trainer.train, trainer.mesh)
+                      if trainer.diagnostics is not None else None)
         self.results: dict[str, float] = {}      # the newest evaluation's metrics
         self.seconds = 0.0                       # spent evaluating
 
@@ -53,16 +54,16 @@ class Evaluation:
 
     def metrics(self, state: dict) -> dict[str, float]:
         trainer = self.trainer
-        return evaluate(trainer.eval_step, _eval_params(state), trainer.data, trainer.config.train.eval_batch_size,
-                        trainer.mesh, trainer.task)
+        return evaluate(trainer.eval_step, _eval_params(state), trainer.data, self.batch_size, trainer.mesh,
+                        trainer.task)
 
     def on_split(self, state: dict, split: str) -> dict[str, float]:
         """The task's metrics of ``state`` over another split of the dataset, named by that split's prefix
         (``test_accuracy`` for 'test'; ``tasks.metric_prefix``)."""
         trainer = self.trainer
         data = dataclasses.replace(trainer.data, eval_split=split)
-        return evaluate(trainer.eval_step, _eval_params(state), data, trainer.config.train.eval_batch_size,
-                        trainer.mesh, type(trainer.task)(split))
+        return evaluate(trainer.eval_step, _eval_params(state), data, self.batch_size, trainer.mesh,
+                        type(trainer.task)(split))
 
     def diagnostics(self, state: dict) -> dict[str, float]:
         return to_floats(self.trainer.diagnostics(state["params"], self.batch)) if self.batch is not None else {}
@@ -82,10 +83,9 @@ def _eval_params(state: dict):
     return state["ema"] if "ema" in state else state["params"]
 
 
-def diagnostics_batch(trainer) -> dict:
-    """The batch the per-block diagnostics are measured on at every evaluation: the first train batch of the seed,
-    before augmentation by Mixup/CutMix, the same one after a resume."""
-    tc, mesh = trainer.config.train, trainer.mesh
-    with data_lib.make_train_iterator(trainer.data, global_batch_size=tc.batch_size, seed=tc.seed,
-                                      rows=process_batch_rows(mesh, tc.batch_size)) as iterator:
-        return data_lib.to_global_batch(next(iterator), mesh, tc.batch_size)
+def diagnostics_batch(data, train, mesh) -> dict:
+    """The batch the per-block diagnostics are measured on at every evaluation: the first train batch of the seed
+    (``train.seed``, ``train.batch_size``), before augmentation by Mixup/CutMix, the same one after a resume."""
+    with data_lib.make_train_iterator(data, global_batch_size=train.batch_size, seed=train.seed,
+                                      rows=process_batch_rows(mesh, train.batch_size)) as iterator:
+        return data_lib.to_global_batch(next(iterator), mesh, train.batch_size)

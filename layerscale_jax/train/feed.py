@@ -19,15 +19,16 @@ class Batches:
     the loop waited for them. With ``data.skip_bad_records``, processes that read the same rows (``tensor`` across
     hosts) must skip the same records: ``check_replicas``."""
 
-    def __init__(self, trainer, data_state=None):
-        tc, mesh = trainer.config.train, trainer.mesh
-        self.mesh, self.size = mesh, tc.batch_size
-        self.iterator = data_lib.make_train_iterator(trainer.data, global_batch_size=tc.batch_size, seed=tc.seed,
-                                                     rows=process_batch_rows(mesh, tc.batch_size))
+    def __init__(self, data, train, mesh, data_state=None):
+        """``data``: the data section (``DataSettings``), ``train``: the train section (its batch size and seed),
+        ``mesh``: the device mesh the global batches are laid out on."""
+        self.mesh, self.size = mesh, train.batch_size
+        self.iterator = data_lib.make_train_iterator(data, global_batch_size=train.batch_size, seed=train.seed,
+                                                     rows=process_batch_rows(mesh, train.batch_size))
         if data_state is not None:
             self.iterator.set_state(data_state)
-        plan = read_plan(mesh.devices, mesh.axis_names, tc.batch_size)
-        replicated = trainer.data.skip_bad_records and len({repr(rows) for rows in plan.values()}) < len(plan)
+        plan = read_plan(mesh.devices, mesh.axis_names, train.batch_size)
+        replicated = data.skip_bad_records and len({repr(rows) for rows in plan.values()}) < len(plan)
         self.plan = plan if replicated else None
         self.waited = 0.0                         # seconds spent waiting for batches since the last take_wait
         self.first = self._fetch()

@@ -14,59 +14,44 @@ full model's layer groups), weight decay and the trainable mask are the optimize
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 
 import jax
-import ml_collections
 from flax import nnx
 
 from layerscale_jax import lora as lora_lib
-from layerscale_jax.optim.config import freeze_patterns
-from layerscale_jax.lora_config import default_lora_config
+from layerscale_jax.lora_config import LoraSettings
+from layerscale_jax.optim.config import OptimSettings
 
 LORA_INIT_STREAM = 2          # adapters are initialised from fold_in(key(train.seed), LORA_INIT_STREAM)
 
 
-def lora_section(config) -> ml_collections.ConfigDict:
-    """``config.lora`` over ``lora_config.default_lora_config()`` (the section is optional)."""
-    section = default_lora_config()
-    if "lora" in config:
-        section.update(config.lora.to_dict() if hasattr(config.lora, "to_dict") else dict(config.lora))
-    return section
-
-
-def add_adapters(config, model: nnx.Module, seed: int) -> nnx.Module:
-    """``model`` with the LoRA adapters of ``config`` (in place) when ``train.finetune='lora'``."""
-    if config.train.get("finetune", "full") == "lora":
+def add_adapters(lora: LoraSettings | None, model: nnx.Module, seed: int) -> nnx.Module:
+    """``model`` with the LoRA adapters of ``lora`` (in place; ``Experiment.lora``: set when
+    ``train.finetune='lora'``)."""
+    if lora is not None:
         key = jax.random.fold_in(jax.random.key(seed), LORA_INIT_STREAM)
-        lora_lib.apply_config(model, lora_section(config), rngs=nnx.Rngs(params=key))
+        lora_lib.apply_config(model, lora, rngs=nnx.Rngs(params=key))
     return model
 
 
-def frozen(config, model: nnx.Module) -> tuple[str, ...]:
-    """The ``optim.freeze`` regexes of the fine-tuning mode (before the user's own)."""
-    mode = config.train.get("finetune", "full")
+def frozen(mode: str, lora: LoraSettings | None, model: nnx.Module) -> tuple[str, ...]:
+    """The ``optim.freeze`` regexes of the fine-tuning mode ``train.finetune`` (before the user's own)."""
     if mode == "lora":
-        section = lora_section(config)
-        return lora_lib.frozen_patterns(model, train_head=section.train_head, train_norms=section.train_norms,
-                                        train_layerscale=section.train_layerscale)
+        return lora_lib.frozen_patterns(model, train_head=lora.train_head, train_norms=lora.train_norms,
+                                        train_layerscale=lora.train_layerscale)
     if mode == "linear_probe":
         return lora_lib.linear_probe_patterns()
     return ()
 
 
-def optim_config(config, model: nnx.Module) -> ml_collections.ConfigDict:
-    """``config.optim`` with the fine-tuning mode's frozen parameters added to ``optim.freeze``."""
-    extra = frozen(config, model)
-    if not extra:
-        return config.optim
-    result = copy.deepcopy(config.optim)
-    with result.unlocked():
-        result.freeze = tuple(freeze_patterns(config.optim)) + tuple(extra)
-    return result
+def optim_settings(experiment, model: nnx.Module) -> OptimSettings:
+    """The experiment's optimizer section with the fine-tuning mode's frozen parameters added to ``optim.freeze``."""
+    extra = frozen(experiment.train.finetune, experiment.lora, model)
+    optim = experiment.optim
+    return dataclasses.replace(optim, freeze=optim.freeze + tuple(extra)) if extra else optim
 
 
-def describe(config, model: nnx.Module, optim_cfg) -> str:
+def describe(mode: str, model: nnx.Module, optim: OptimSettings) -> str:
     """One line for the log: the mode and trainable vs total parameters."""
-    mode = config.train.get("finetune", "full")
-    return f"fine-tuning mode {mode}: " + lora_lib.summary(model, freeze_patterns(optim_cfg))
+    return f"fine-tuning mode {mode}: " + lora_lib.summary(model, optim.freeze)

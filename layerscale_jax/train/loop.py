@@ -38,7 +38,8 @@ from layerscale_jax.train import tasks as tasks_lib
 from layerscale_jax.train import workdir as workdir_lib
 from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, to_jsonable
 from layerscale_jax.train.compile_cache import use_compilation_cache
-from layerscale_jax.train.config import Experiment, as_experiment
+from layerscale_jax.optim.config import OptimSettings
+from layerscale_jax.train.config import Experiment, TrainSettings, as_experiment
 from layerscale_jax.train.config import model_overrides  # noqa: F401 - re-exported (tests, scripts)
 from layerscale_jax.train.diagnostics import make_diagnostics_fn
 from layerscale_jax.train.evaluation import Evaluation
@@ -72,12 +73,12 @@ def build_model_fns(config: Experiment | Any):
     """The abstract model and its train/eval graph definitions (no parameters allocated), for an ``Experiment``
     (a ``ConfigDict`` is validated into one first)."""
     experiment = as_experiment(config)
-    config, arch = experiment.config, experiment.model
 
     def make(seed: int):
-        return finetune_lib.add_adapters(config, create_from_config(arch, rngs=nnx.Rngs(seed)), seed)
+        return finetune_lib.add_adapters(experiment.lora, create_from_config(experiment.model, rngs=nnx.Rngs(seed)),
+                                         seed)
 
-    abstract = nnx.eval_shape(lambda: make(config.train.seed))
+    abstract = nnx.eval_shape(lambda: make(experiment.train.seed))
     abstract.train()
     graphdef_train, abstract_params = nnx.split(abstract, nnx.Param)
     abstract.eval()
@@ -99,30 +100,42 @@ def state_shardings(abstract_state: dict, param_sharding, mesh, rules) -> dict:
 
 @dataclasses.dataclass
 class Trainer:
-    """Everything the loop needs, built from a config for a mesh (usable on its own in notebooks and tests)."""
-    config: Any
+    """Everything the loop needs, built from an experiment for a mesh (usable on its own in notebooks and tests)."""
+    experiment: Experiment
     mesh: Any
-    info: Any
+    info: Any                     # the dataset's DatasetInfo
     make_model: Callable
     abstract_model: nnx.Module
     graphdef_train: Any
+    graphdef_eval: Any
+    task: Any                     # train.tasks: classification or MAE
     bundle: Any
+    optim: OptimSettings          # the optimizer section with the fine-tuning mode's frozen parameters
     param_sharding: Any
     state_shardings: dict
     abstract_state: dict          # ShapeDtypeStructs carrying the target shardings (for restores)
     init_fn: Callable
     train_step: Callable          # jitted, donates the state
     eval_step: Callable           # jitted
-    task: Any = None              # train.tasks: classification or MAE
-    graphdef_eval: Any = None
-    optim_config: Any = None      # config.optim with the fine-tuning mode's frozen parameters
-    diagnostics: Callable | None = None   # jitted (params, batch) → train.diagnostics (classification), replicated
-    arch: Any = None              # the model's architecture config (config.model, validated), as built
-    data: Any = None              # the data section, validated: data.config.DataSettings
+    diagnostics: Callable | None  # jitted (params, batch) → train.diagnostics (classification), replicated
+
+    @property
+    def train(self) -> TrainSettings:
+        return self.experiment.train
+
+    @property
+    def data(self):
+        """The data section: data.config.DataSettings."""
+        return self.experiment.data
+
+    @property
+    def arch(self):
+        """The model's architecture config, as built."""
+        return self.experiment.model
 
     def init_state(self) -> dict:
         """The initial train state, created already sharded; ``train.init_from`` weights replace the random ones."""
-        tc = self.config.train
+        tc = self.train
         params = jax.jit(lambda: nnx.state(self.make_model(tc.seed), nnx.Param),
                          out_shardings=self.param_sharding)()
         if tc.init_from:
@@ -138,8 +151,7 @@ def create_trainer(config: Experiment | Any, mesh, info=None) -> Trainer:
     one here. ``info``: the dataset's ``DatasetInfo`` (default: read from the dataset; ``compile_for`` declares it
     from the config)."""
     experiment = as_experiment(config)
-    config = experiment.config
-    tc = config.train
+    tc = experiment.train
     _check_batch("batch_size", tc.batch_size, mesh)
     _check_batch("eval_batch_size", tc.eval_batch_size, mesh)
     info = info if info is not None else data_lib.get_dataset_info(experiment.data)
@@ -147,11 +159,11 @@ def create_trainer(config: Experiment | Any, mesh, info=None) -> Trainer:
 
     make_model, abstract_model, graphdef_train, graphdef_eval, abstract_params = build_model_fns(experiment)
     task = tasks_lib.for_model(abstract_model, info.eval_split)
-    optim_config = finetune_lib.optim_config(config, abstract_model)
-    bundle = optim.build(optim_config, abstract_model, total_steps=tc.steps)
-    shard_lib.check_tensor_parallelism(config.model.name, abstract_model, mesh, tc.sharding_rules)
+    optim_settings = finetune_lib.optim_settings(experiment, abstract_model)
+    bundle = optim.build(optim_settings, abstract_model, total_steps=tc.steps)
+    shard_lib.check_tensor_parallelism(experiment.config.model.name, abstract_model, mesh, tc.sharding_rules)
     param_sharding = shard_lib.param_shardings(abstract_params, mesh, tc.sharding_rules)
-    use_ema = config.optim.ema_decay > 0
+    use_ema = optim_settings.ema_decay > 0
 
     def init_fn(params):
         return init_train_state(params, bundle.tx, tc.seed, use_ema)
@@ -163,7 +175,7 @@ def create_trainer(config: Experiment | Any, mesh, info=None) -> Trainer:
     batch_sharding = {"image": shard_lib.batch_sharding(mesh), "label": shard_lib.batch_sharding(mesh)}
     train_step = jax.jit(
         shard_lib.with_activation_sharding(
-            make_train_step(graphdef_train, bundle.tx, bundle.schedule, optim_config=config.optim,
+            make_train_step(graphdef_train, bundle.tx, bundle.schedule, optim_config=optim_settings,
                             data_config=experiment.data, num_classes=info.num_classes,
                             trainable_mask=bundle.trainable_mask, task=task), mesh, tc.sharding_rules),
         in_shardings=(shardings, batch_sharding), out_shardings=(shardings, shard_lib.replicated(mesh)),
@@ -175,9 +187,9 @@ def create_trainer(config: Experiment | Any, mesh, info=None) -> Trainer:
                         out_shardings=shard_lib.replicated(mesh))
     diagnostics = (make_diagnostics_fn(graphdef_train, mesh, param_sharding, batch_sharding, tc.sharding_rules)
                    if task.uses_labels else None)
-    return Trainer(config, mesh, info, make_model, abstract_model, graphdef_train, bundle, param_sharding, shardings,
-                   abstract_sharded, init_fn, train_step, eval_step, task=task, graphdef_eval=graphdef_eval,
-                   optim_config=optim_config, diagnostics=diagnostics, arch=experiment.model, data=experiment.data)
+    return Trainer(experiment, mesh, info, make_model, abstract_model, graphdef_train, graphdef_eval, task, bundle,
+                   optim_settings, param_sharding, shardings, abstract_sharded, init_fn, train_step, eval_step,
+                   diagnostics)
 
 
 def describe_architecture(config, n_params: int) -> dict:
@@ -212,11 +224,10 @@ def train_and_evaluate(config: Experiment | Any, workdir, devices=None, *, resta
     validated here.
     """
     experiment = as_experiment(config)
-    config = experiment.config
     workdir = as_path(workdir, "workdir")
-    cache = use_compilation_cache(config.train.compilation_cache_dir, workdir)
+    cache = use_compilation_cache(experiment.train.compilation_cache_dir, workdir)
     is_primary = jax.process_index() == 0
-    if is_primary and cache != config.train.compilation_cache_dir:
+    if is_primary and cache != experiment.train.compilation_cache_dir:
         print(f"compilation cache: {cache}, shared by the job's {jax.process_count()} processes (set "
               "train.compilation_cache_dir to a shared path to share it between runs too)", flush=True)
     lock = WorkdirLock(workdir)
@@ -229,8 +240,7 @@ def train_and_evaluate(config: Experiment | Any, workdir, devices=None, *, resta
 
 
 def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary) -> dict:
-    config = experiment.config
-    tc = config.train
+    config, tc = experiment.config, experiment.train
     trainer = create_trainer(experiment, shard_lib.make_mesh(tc.mesh, devices))
     arch = describe_architecture(config, _count_parameters(trainer.abstract_model))
     config_json = to_jsonable(config.to_dict())
@@ -242,7 +252,7 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary) ->
     if is_primary:
         _describe(trainer, arch)
     start = _restore_or_init(trainer, checkpointer, workdir, is_primary)
-    batches = Batches(trainer, start.data_state)
+    batches = Batches(experiment.data, tc, trainer.mesh, start.data_state)
     # The train step compiles here, before its first run: a stop signal during start-up, restore or this compile
     # (minutes for a large model on a pod) ends the job before that step, with nothing new to save.
     trainer.train_step.lower(start.state, batches.first).compile()
@@ -294,19 +304,20 @@ def train_and_record(config: Experiment | Any, final_splits: tuple[str, ...] = (
     ``diverged_at_step``; ``steps``; ``seconds`` and ``timing`` (setup, first step with its compilation, per later
     step, evaluations); ``train_loss_curve`` ([step, mean loss of the window's finite steps] per logging window) and
     ``evaluations`` (dicts with ``step``, the task's metrics and the diagnostics). ``final_splits``: other splits
-    the final state is evaluated on, each metric recorded as ``final_<metric>`` (``('test',)`` → ``final_test_accuracy``,
-    ``final_test_loss``, ``final_test_examples``): a study that selects on the evaluated split and reports another
-    trains each run once. ``config``: an ``Experiment`` or a ``ConfigDict``, validated here."""
+    the final state is evaluated on, each metric recorded as ``final_<metric>`` (``('test',)`` →
+    ``final_test_accuracy``, ``final_test_loss``, ``final_test_examples``): a study that selects on the evaluated
+    split and reports another trains each run once. ``config``: an ``Experiment``, or a ``ConfigDict`` validated
+    here."""
     started = time.time()
     experiment = as_experiment(config)
-    tc = experiment.config.train
+    tc = experiment.train
     trainer = create_trainer(experiment, shard_lib.make_mesh(tc.mesh))
     end = min(tc.steps, tc.stop_after_steps or tc.steps)
     state = trainer.init_state()
     guard = NonFiniteGuard("stop")
     evaluation = Evaluation(trainer, end=end)
     record = RunRecord(trainer.task, tc.log_every, end=end, started=started)
-    with Batches(trainer) as batches:
+    with Batches(experiment.data, tc, trainer.mesh) as batches:
         record.evaluated(0, {}, evaluation.diagnostics(state))                 # at initialisation
         record.setup_done()
         state, step, _ = _loop(trainer, state, 0, end, batches=batches, log=record, guard=guard,
@@ -414,12 +425,12 @@ def _check_workdir(workdir, config_json: dict, checkpointer: Checkpointer, steps
 def _describe(trainer: Trainer, arch: dict) -> None:
     """What is trained: the architecture, the mesh, the layer-wise learning rates, the fine-tuning mode, the
     parameters' sharding."""
-    config, mesh = trainer.config, trainer.mesh
+    mode, mesh = trainer.train.finetune, trainer.mesh
     print(f"{_architecture_line(arch)}; mesh {dict(mesh.shape)}; {jax.device_count()} devices, "
           f"{jax.process_count()} processes", flush=True)
     print("layer-wise learning-rate multipliers:\n" + trainer.bundle.table(), flush=True)
-    if config.train.finetune != "full":
-        print(finetune_lib.describe(config, trainer.abstract_model, trainer.optim_config), flush=True)
+    if mode != "full":
+        print(finetune_lib.describe(mode, trainer.abstract_model, trainer.optim), flush=True)
     print("parameter sharding:\n" + shard_lib.describe(trainer.param_sharding), flush=True)
 
 
@@ -439,10 +450,10 @@ def _restore_or_init(trainer: Trainer, checkpointer: Checkpointer, workdir, is_p
         return _Start(0, trainer.init_state(), None, [], False)
     step, state, data_state, window = restored
     print(f"resumed from step {step} in {checkpointer.directory}", flush=True)
-    steps = trainer.config.train.steps
+    steps = trainer.train.steps
     laid_over = workdir_lib.checkpoint_train_steps(checkpointer.directory, step) if is_primary else None
     if laid_over not in (None, steps):
-        print(_schedule_change(trainer.optim_config, laid_over, steps, step,
+        print(_schedule_change(trainer.optim, laid_over, steps, step,
                                int(jax.device_get(state["nonfinite_steps"]))), flush=True)
     if is_primary:
         workdir_lib.truncate_metrics(workdir / "metrics.jsonl", step)
@@ -468,12 +479,12 @@ def _count_parameters(model: nnx.Module) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-def _schedule_change(optim_config, old_steps: int, new_steps: int, step: int, skipped: int) -> str:
+def _schedule_change(optim_settings: OptimSettings, old_steps: int, new_steps: int, step: int, skipped: int) -> str:
     """One line: a resumed run's ``train.steps`` differs from the one its checkpoint was trained under, so the
     learning-rate schedule (laid over ``train.steps``) changes from the next step on (optimizer count
     ``step - skipped``, the non-finite steps not counted)."""
     count = step - skipped
-    new = float(optim.make_schedule(optim_config, new_steps)(count))
-    old = float(optim.make_schedule(optim_config, old_steps)(count))
-    return (f"train.steps {old_steps} → {new_steps}: the {optim_config.schedule} learning-rate schedule is laid over "
+    new = float(optim.make_schedule(optim_settings, new_steps)(count))
+    old = float(optim.make_schedule(optim_settings, old_steps)(count))
+    return (f"train.steps {old_steps} → {new_steps}: the {optim_settings.schedule} learning-rate schedule is laid over "
             f"{new_steps} steps now; step {step + 1} runs at {new:.3g} (with train.steps={old_steps}: {old:.3g})")

@@ -32,7 +32,7 @@ from layerscale_jax.layers.params import is_variable, logical_axes, map_variable
 from layerscale_jax.layers.partitioning import activation_sharding, logical_to_spec
 # The mesh's axes and the default rules are fields of config.train, checked there (no jax).
 from layerscale_jax.train.config import (DCN_AXES, DEFAULT_RULES, MESH_AXES, MESH_FIELDS,  # noqa: F401 - re-exported
-                                         validate_mesh_config)
+                                         MeshSettings)
 
 
 def granules(devices: Sequence[Any]) -> tuple[str, list[list[Any]]]:
@@ -46,9 +46,9 @@ def granules(devices: Sequence[Any]) -> tuple[str, list[list[Any]]]:
     return kind, [groups[k] for k in sorted(groups)]
 
 
-def mesh_devices(mesh_config: Mapping[str, int], devices: Sequence[Any]) -> np.ndarray:
-    """The ``devices`` arranged as the ``data × fsdp × tensor`` mesh of ``mesh_config`` (a pure function of the
-    device objects, so mock TPU devices work too).
+def mesh_devices(mesh_config: MeshSettings | Mapping[str, int], devices: Sequence[Any]) -> np.ndarray:
+    """The ``devices`` arranged as the ``data × fsdp × tensor`` mesh of ``mesh_config`` (``train.mesh``; a mapping
+    is made a ``MeshSettings``), a pure function of the device objects, so mock TPU devices work too.
 
     ``mesh.<axis>`` are the sizes within a granule (one may be -1: its remaining devices), ``mesh.dcn_<axis>`` the
     granules along each axis (default 1); mesh axis ``a`` has ``dcn_a × a`` devices, granule-major. One granule:
@@ -59,7 +59,8 @@ def mesh_devices(mesh_config: Mapping[str, int], devices: Sequence[Any]) -> np.n
     devices = list(devices)
     if not devices:
         raise ConfigError("no devices to build the mesh from")
-    ici, dcn = validate_mesh_config(mesh_config)
+    mesh_config = MeshSettings.of(mesh_config)
+    ici, dcn = ({axis: getattr(mesh_config, axis) for axis in axes} for axes in (MESH_AXES, DCN_AXES))
     dcn_shape = tuple(dcn[f"dcn_{a}"] for a in MESH_AXES)
     kind, groups = granules(devices)
     if kind == "process" and math.prod(dcn_shape) == 1:
@@ -91,7 +92,7 @@ def mesh_devices(mesh_config: Mapping[str, int], devices: Sequence[Any]) -> np.n
                                                 allow_split_physical_axes=True)
 
 
-def make_mesh(mesh_config: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(mesh_config: MeshSettings | Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
     """The ``data × fsdp × tensor`` mesh of ``mesh_config`` over ``devices`` (default: all), see ``mesh_devices``.
 
     Axis types are ``Auto`` on purpose: the train step states its shardings explicitly at the jit boundary and
@@ -130,20 +131,11 @@ def param_logical_axes(params: nnx.State) -> Any:
     return map_variables(axes, params)
 
 
-def validate_rules(rules) -> dict[str, Any]:
-    rules = dict((name, target) for name, target in rules)
-    for name, target in rules.items():
-        targets = (target,) if isinstance(target, str) else tuple(target or ())
-        for t in targets:
-            if t not in MESH_AXES:
-                raise ConfigError(f"sharding rule {name!r} → {target!r}: {t!r} is not a mesh axis {MESH_AXES}")
-    return rules
-
-
 def activation_rules(rules) -> dict[str, Any]:
     """Logical → mesh axes for activations (``layers.partitioning``): examples over the batch axes, heads and MLP
-    units where the parameter rules put them (tensor parallelism), ``embed`` replicated."""
-    rules = validate_rules(rules)
+    units where the parameter rules put them (tensor parallelism), ``embed`` replicated. ``rules``: (logical axis,
+    mesh axes) pairs, checked where the config entered (``train.config.sharding_rules``)."""
+    rules = dict(rules)
     return {"batch": BATCH_AXES, "heads": rules.get("heads"), "mlp": rules.get("mlp")}
 
 
@@ -160,7 +152,7 @@ def with_activation_sharding(fn, mesh: Mesh, rules):
 
 def param_shardings(abstract_params: nnx.State, mesh: Mesh, rules) -> Any:
     """NamedShardings for a (possibly abstract) ``nnx.State`` of parameters, from their logical axes by ``rules``."""
-    rules = validate_rules(rules)
+    rules = dict(rules)
     logical = param_logical_axes(abstract_params)
     return jax.tree.map(lambda ax, p: NamedSharding(mesh, logical_to_spec(ax, p.shape, mesh, rules)),
                         logical, abstract_params, is_leaf=lambda x: isinstance(x, tuple))
@@ -171,7 +163,7 @@ def opt_state_shardings(abstract_opt_state, mesh: Mesh, rules) -> Any:
     parameter's ``nnx.Variable`` by that parameter's logical axes (optax builds Adam's moments, accumulators and
     the like with ``jax.tree.map`` over the parameters, which keeps each Variable and its metadata), so a moment is
     sharded as its parameter is; every other leaf (step counts, scalars) replicated."""
-    rules = validate_rules(rules)
+    rules = dict(rules)
     rep = replicated(mesh)
 
     def sharding(node):
@@ -196,7 +188,7 @@ def check_tensor_parallelism(model_name: str, model: nnx.Module, mesh: Mesh, rul
     size = mesh.shape.get("tensor", 1)
     if size == 1:
         return
-    rules = validate_rules(rules)
+    rules = dict(rules)
 
     def on_tensor(name):
         target = rules.get(name)

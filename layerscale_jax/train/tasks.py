@@ -143,8 +143,8 @@ def reconstruction_images(trainer, params) -> np.ndarray:
     from layerscale_jax.data.sharding import process_batch_rows
     from layerscale_jax.train import sharding as shard_lib
 
-    config, mesh = trainer.config, trainer.mesh
-    size = config.train.eval_batch_size
+    train, mesh = trainer.train, trainer.mesh
+    size = train.eval_batch_size
     iterator = data_lib.make_eval_iterator(trainer.data, global_batch_size=size, rows=process_batch_rows(mesh, size))
     try:
         batch = data_lib.to_global_batch(next(iter(iterator)), mesh, size)
@@ -158,6 +158,6 @@ def reconstruction_images(trainer, params) -> np.ndarray:
         masked, recon, pasted = model.reconstruct(images, jax.random.key(EVAL_MASK_SEED))
         return jnp.stack([images[:n].astype(jnp.float32), masked[:n], recon[:n], pasted[:n]])
 
-    fn = jax.jit(shard_lib.with_activation_sharding(show, mesh, config.train.sharding_rules),
+    fn = jax.jit(shard_lib.with_activation_sharding(show, mesh, train.sharding_rules),
                  out_shardings=shard_lib.replicated(mesh))
     return np.asarray(jax.device_get(fn(params, batch["image"])))
