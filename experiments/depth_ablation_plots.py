@@ -53,12 +53,18 @@ def _finish(fig, ax, path, legend=True):
     sweep.pyplot().close(fig)
 
 
-def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *, title: str, ylabel: str) -> None:
+NOT_CONVERGED_MARK = "†"
+
+
+def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *, title: str, ylabel: str,
+                           not_converged=frozenset()) -> None:
     """``accuracy(record)`` (%) against depth, one colour per scheme: each seed a small point (slightly spread
     sideways), the mean over converged seeds joined by a line with its 95% t-interval, diverged runs an ``x`` at
     the bottom, on 0–100%. When every converged run lies above 50%, a second panel shows them again with the
     accuracy axis spanning only them, so differences of a point between trained columns can be seen. ``columns``
-    are the (scheme, warm-up) pairs in legend order."""
+    are the (scheme, warm-up) pairs in legend order. A cell ``(depth, (scheme, warm-up))`` in ``not_converged``
+    (it fails the convergence check) is marked † beside its mean; an interval the axis cuts off is marked with a
+    triangle at the edge it crosses (``clipped_intervals``), each explained in the legend."""
     plt = sweep.pyplot()
     zoom_from, zoom_to = zoom_limits(records, accuracy)
     if zoom_from >= 50:
@@ -68,7 +74,8 @@ def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *,
     depths = sorted({r["depth"] for r in records})
     any_diverged = any(r["diverged"] for r in records)
     for ax in (full, zoom) if zoom else (full,):
-        _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged=ax is full)
+        _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged=ax is full,
+                             not_converged=not_converged)
         ax.set_xscale("log", base=2)
         ax.set_xticks(depths, [str(d) for d in depths])
         ax.minorticks_off()
@@ -88,7 +95,51 @@ def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *,
         full.set_title(wrap(title), fontsize=7)
     if any_diverged:
         full.scatter([], [], marker="x", color="black", label="diverged run (at 0)")
+    clipped = [_mark_clipped(ax, records, columns, accuracy, depths) for ax in ((full, zoom) if zoom else (full,))]
+    if any(clipped):
+        full.scatter([], [], marker="^", color="black", s=14,
+                     label="95% interval clipped by the axis (▲ beyond the top, ▼ below the bottom)")
+    if not_converged:
+        full.plot([], [], " ", label=f"{NOT_CONVERGED_MARK} cell fails the convergence check "
+                                     f"(rule written after the results)")
     _finish(fig, full, path)
+
+
+def _cells(records, columns, accuracy, depths):
+    """``((scheme, warm-up), depth, x, converged accuracies)`` of every cell with a converged run, at the x offset
+    ``_draw_runs_and_means`` draws it."""
+    offsets = {c: (i - (len(columns) - 1) / 2) * 0.025 for i, c in enumerate(columns)}
+    for column in columns:
+        for depth in depths:
+            values = [accuracy(r) for r in records
+                      if (r["scheme"], r["warmup"], r["depth"]) == (*column, depth) and not r["diverged"]]
+            if values:
+                yield column, depth, depth * 2 ** offsets[column], values
+
+
+def clipped_intervals(records, columns, accuracy, low: float, high: float) -> list[tuple]:
+    """The cells ``((scheme, warm-up), depth, "low" | "high")`` whose 95% t-interval (``sweep.summarise``) reaches
+    below ``low`` or beyond ``high``, the limits of an accuracy axis."""
+    depths = sorted({r["depth"] for r in records})
+    found = []
+    for column, depth, _, values in _cells(records, columns, accuracy, depths):
+        if len(values) > 1:
+            s = sweep.summarise(values)
+            found += [(column, depth, side) for side, out in (("low", s.ci_low < low), ("high", s.ci_high > high))
+                      if out]
+    return found
+
+
+def _mark_clipped(ax, records, columns, accuracy, depths) -> bool:
+    """A triangle at the axis edge where a cell's interval is cut off (``clipped_intervals`` on ``ax``'s limits);
+    whether there was one."""
+    low, high = sorted(ax.get_ylim())
+    clipped = clipped_intervals(records, columns, accuracy, low, high)
+    x_of = {(column, depth): x for column, depth, x, _ in _cells(records, columns, accuracy, depths)}
+    for column, depth, side in clipped:
+        ax.scatter([x_of[(column, depth)]], [high if side == "high" else low], marker="^" if side == "high" else "v",
+                   s=30, color=colour(column[0]), clip_on=False, zorder=6)
+    return bool(clipped)
 
 
 def zoom_limits(records: list[dict], accuracy) -> tuple[float, float]:
@@ -103,10 +154,11 @@ def zoom_limits(records: list[dict], accuracy) -> tuple[float, float]:
     return low, (100.0 if highest <= 100 else math.ceil(highest * 2) / 2 + 0.5)
 
 
-def _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged: bool) -> None:
+def _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged: bool,
+                         not_converged=frozenset()) -> None:
     """``plot_accuracy_vs_depth``'s marks on one panel: per column each seed a point, the converged seeds' mean with
     its 95% t-interval (labelled for the legend on the panel that marks diverged runs), diverged runs an ``x`` at 0
-    when ``mark_diverged``."""
+    when ``mark_diverged``, a † right of the mean of each ``(depth, column)`` in ``not_converged``."""
     offsets = {c: (i - (len(columns) - 1) / 2) * 0.025 for i, c in enumerate(columns)}
     for column in columns:
         scheme, warmup = column
@@ -124,6 +176,10 @@ def _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged: 
                            clip_on=False, zorder=5)
             if converged:
                 s = sweep.summarise(converged)
+                if (depth, column) in not_converged:
+                    ax.annotate(NOT_CONVERGED_MARK, (depth * shift, s.mean), xytext=(-16, -4),
+                                textcoords="offset points", fontsize=14, fontweight="bold", color="black",
+                                zorder=7)
                 xs.append(depth * shift)
                 means.append(s.mean)
                 lows.append(s.mean - s.ci_low)
@@ -133,8 +189,10 @@ def _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged: 
                         linewidth=1.2, label=label(scheme, warmup) if mark_diverged else None, **style(warmup))
 
 
-def plot_loss_curves(records: list[dict], depth: int, path: str, *, title: str) -> None:
-    """Train loss (mean per log interval) of every run at ``depth``, one line per seed, the scheme's colour."""
+def plot_loss_curves(records: list[dict], depth: int, path: str, *, title: str, floor: float | None = None) -> None:
+    """Train loss (mean per log interval) of every run at ``depth``, one line per seed, the scheme's colour; the
+    label-smoothing ``floor`` (nats, ``validation_protocol.label_smoothing_floor``: the least loss a model can
+    reach on smoothed targets) a dashed black line when given."""
     plt = sweep.pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     labelled = set()
@@ -144,6 +202,9 @@ def plot_loss_curves(records: list[dict], depth: int, path: str, *, title: str) 
         ax.plot(steps, losses, linewidth=1, color=colour(r["scheme"]), linestyle=style(r["warmup"])["linestyle"],
                 label=None if key in labelled else label(*key))
         labelled.add(key)
+    if floor is not None:
+        ax.axhline(floor, color="black", linewidth=0.8, linestyle="--",
+                   label=f"label-smoothing floor, {floor:.4f} nats")
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("train loss (mean over each log interval)")
@@ -250,18 +311,36 @@ def plot_budget(finals: dict, curves: dict, chosen: int | None, path: str, *, ti
     left.set_ylabel("final validation accuracy (%)")
     right.set_xlabel("step (within the longest run)")
     right.set_ylabel("validation accuracy (%)")
-    right.set_ylim(max(min(a for c in curves.values() for _, a in c[1:]) - 1, 0), 100)
+    bottom = max(min(a for c in curves.values() for _, a in c[1:]) - 1, 0)
+    right.set_ylim(bottom, 100)
+    hidden = below_axis({c: curves[(*c, max(runs))] for c, runs in finals.items()}, bottom)
+    if hidden:
+        steps = sorted({s for s, _ in hidden})
+        where = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
+        right.text(0.98, 0.02, f"axis cut at {bottom:.0f}%: {len(hidden)} evaluations of these curves lie below "
+                               f"it,\nnot drawn ({where}, {min(a for _, a in hidden):.1f}–"
+                               f"{max(a for _, a in hidden):.1f}%)",
+                   transform=right.transAxes, ha="right", va="bottom", fontsize=7,
+                   bbox=dict(facecolor="white", edgecolor="0.6", linewidth=0.5))
     left.legend(fontsize=6)
     fig.suptitle(wrap(title, 140), fontsize=7)
     _finish(fig, right, path, legend=False)
 
 
-def plot_claims(results, path: str, *, title: str) -> None:
+def below_axis(curves: dict, bottom: float) -> list[tuple[int, float]]:
+    """Every ``(step, accuracy)`` of ``curves`` below ``bottom``: what a cut accuracy axis leaves out."""
+    return [(step, a) for curve in curves.values() for step, a in curve if a < bottom]
+
+
+def plot_claims(results, path: str, *, title: str, marks: dict | None = None) -> None:
     """Every comparison of ``cait_claims`` (``results``: its ``ClaimResult``s) as a row: the difference of mean
     accuracy (claimed better − claimed worse, points) with its Welch 95% interval, coloured as the claimed-worse
     column; a filled marker is significant after Holm's correction, an open one is not; a row without an accuracy
     test (fewer than two converged runs a side) gives its converged counts instead. Right of zero is the claimed
-    direction; the right margin gives each comparison's outcome (accuracy and divergence tests together)."""
+    direction; the right margin gives each comparison's outcome (accuracy and divergence tests together).
+    ``marks``, ``{mark: (cells, meaning)}``: a comparison with a cell ``(scheme, warm-up, depth)`` in ``cells``
+    gets ``mark`` after its label, and the caption says what it means (e.g. † a cell failing the convergence
+    check, ‡ a machine confound)."""
     import cait_claims
     plt = sweep.pyplot()
     rows = [(r.claim.name, c, sum(len(d.tests()) for d in r.comparisons)) for r in results for c in r.comparisons]
@@ -280,12 +359,18 @@ def plot_claims(results, path: str, *, title: str) -> None:
                     markerfacecolor=colour(scheme) if significant else "white")
     ax.axvline(0, color="black", linewidth=0.6)
     ax.set_yticks(range(len(rows)))
+    marks = marks or {}
+
+    def marked(c):
+        return "".join(f" {m}" for m, (cells, _) in marks.items() if {tuple(c.better), tuple(c.worse)} & set(cells))
     ax.set_yticklabels([f"{name}: {label(c.better[0], c.better[1])} @ {c.better[2]} vs "
-                        f"{label(c.worse[0], c.worse[1])} @ {c.worse[2]}" for name, c, _ in rows], fontsize=6)
+                        f"{label(c.worse[0], c.worse[1])} @ {c.worse[2]}{marked(c)}" for name, c, _ in rows],
+                       fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("difference of mean test accuracy, points (claimed better − worse); whiskers: Welch 95% CI "
                   "(unadjusted);\nwide pale bar: the interval at Holm's strictest level α/m (m the claim's tests); "
                   "filled marker: Holm-corrected p < 0.05\n(an open marker whose whiskers exclude 0 is significant "
-                  "only before the correction; claims.md has every test)", fontsize=6)
+                  "only before the correction; claims.md has every test)"
+                  + "".join(f"\n{m} {meaning}" for m, (cells, meaning) in marks.items() if cells), fontsize=6)
     ax.set_title(wrap(title, 90), fontsize=7)
     _finish(fig, ax, path, legend=False)

@@ -51,17 +51,20 @@ def describe(records: list[dict], protocol: str, rates: str) -> str:
             f"width {r0['embed_dim']}")
 
 
-def write_figures(records: list[dict], report_dir: str, title: str) -> dict[str, str]:
-    """The accuracy-vs-depth figure and, at the largest depth, loss curves, scale heat map and branch ratios."""
+def write_figures(records: list[dict], report_dir: str, title: str, not_converged=frozenset()) -> dict[str, str]:
+    """The accuracy-vs-depth figure (the ``not_converged`` cells marked) and, at the largest depth, loss curves
+    (with the label-smoothing floor), scale heat map and branch ratios."""
     prefix = "test" if records[0].get("eval_split", "test") == "test" else "validation"
     paths = {"acc_vs_depth": os.path.join(report_dir, "acc_vs_depth.png")}
     plots.plot_accuracy_vs_depth(records, column_names(records), lambda r: 100 * vp.accuracy(r),
                                  paths["acc_vs_depth"], title=title,
-                                 ylabel=f"final {prefix} accuracy (%): seeds, mean, 95% CI")
+                                 ylabel=f"final {prefix} accuracy (%): seeds, mean, 95% CI",
+                                 not_converged=not_converged)
     deepest = max(r["depth"] for r in records)
     first = _first_seed(records, deepest)
     paths["loss_curves"] = os.path.join(report_dir, f"loss_curves_depth{deepest}.png")
-    plots.plot_loss_curves(records, deepest, paths["loss_curves"], title=f"train loss, depth {deepest}; {title}")
+    plots.plot_loss_curves(records, deepest, paths["loss_curves"], title=f"train loss, depth {deepest}; {title}",
+                           floor=final_floor_and_images()[0])
     paths["scale_heatmap"] = os.path.join(report_dir, f"scale_heatmap_depth{deepest}.png")
     plots.plot_scale_heatmap(first, deepest, paths["scale_heatmap"],
                              title=f"branch scale per block, depth {deepest}, lowest seed; {title}")
@@ -289,10 +292,16 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
                                           marked=machines.confounded_cells(records, REFERENCE))
         paths[f"{which}/claims_figure"] = os.path.join(report_dir, "claims.png")
         figure_title = f"{title}. {sweep.machines_note(records)}"      # a figure names its CPUs and load, too
-        plots.plot_claims(claims, paths[f"{which}/claims_figure"], title=f"CaiT's claims: {figure_title}")
+        marks = {vp.NOT_CONVERGED: ({(*column, depth) for depth, column in not_converged},
+                                    "a cell fails the convergence check (rule written after the results)"),
+                 "‡": (machines.confounded_cells(records, REFERENCE),
+                       "LayerScale's cell ran only on machine kinds no other column used (claims.md)")}
+        plots.plot_claims(claims, paths[f"{which}/claims_figure"], title=f"CaiT's claims: {figure_title}",
+                          marks=marks)
         paths[f"{which}/csv"] = os.path.join(report_dir, "results.csv")
         write_csv(records, paths[f"{which}/csv"])
-        paths.update({f"{which}/{k}": v for k, v in write_figures(records, report_dir, figure_title).items()})
+        paths.update({f"{which}/{k}": v
+                      for k, v in write_figures(records, report_dir, figure_title, not_converged).items()})
     if not paths:
         raise FileNotFoundError(f"no finished final runs under {os.path.join(out, 'runs')}")
     return paths

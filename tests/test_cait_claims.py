@@ -142,6 +142,9 @@ def test_the_claims_figure_draws_every_comparison_with_and_without_an_accuracy_t
     path = tmp_path / "claims.png"
     plots.plot_claims([judge(records, "4b")], str(path), title="synthetic")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    marks = {"†": ({("skipinit", True, 48)}, "fails the convergence check"), "‡": (set(), "unused")}
+    plots.plot_claims([judge(records, "4b")], str(path), title="marked", marks=marks)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_each_comparison_states_the_difference_its_welch_test_detects_at_holms_first_and_last_level(tmp_path):

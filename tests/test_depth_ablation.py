@@ -110,6 +110,43 @@ def test_the_zoomed_accuracy_axis_never_clips_a_confidence_interval():
     assert 100.4 < high < 100.6 and plots.zoom_limits(cell(seeds), value) == (89, 101.0)
 
 
+def test_an_interval_the_accuracy_axis_cuts_off_is_found_and_marked_and_the_failing_cell_is_marked(tmp_path):
+    """``clipped_intervals``: the cells whose 95% interval crosses an axis limit (the early grid's on 0–100%);
+    the figure draws them, and a cell failing the convergence check, without error."""
+    import depth_ablation_plots as plots
+
+    def cell(scheme, depth, values):
+        return [{"scheme": scheme, "warmup": True, "depth": depth, "accuracy": a, "diverged": False} for a in values]
+    records = cell("none", 12, [10.0, 50.0, 30.0]) + cell("scalar", 96, [98.0, 90.1, 98.0, 97.2, 97.7]) \
+        + cell("layerscale", 6, [97.0, 98.0, 97.5])
+    columns = [("none", True), ("layerscale", True), ("scalar", True)]
+    value = lambda r: r["accuracy"]  # noqa: E731
+    # none @ 12: mean 30, s 20, t(0.975, 2) = 4.303 → 30 ± 49.7 (below 0); scalar @ 96: CI high 100.5 (above 100)
+    assert plots.clipped_intervals(records, columns, value, 0, 100) == [(("none", True), 12, "low"),
+                                                                         (("scalar", True), 96, "high")]
+    assert plots.clipped_intervals(records, columns, value, -100, 200) == []
+    path = str(tmp_path / "marked.png")
+    plots.plot_accuracy_vs_depth(records, columns, value, path, title="t", ylabel="%",
+                                 not_converged={(12, ("none", True))})
+    assert open(path, "rb").read(8) == PNG_MAGIC
+
+
+def test_a_cut_budget_axis_counts_what_it_leaves_out_and_the_loss_curves_draw_the_floor(tmp_path):
+    import depth_ablation_plots as plots
+    curves = {("a", True, 24, 3000): [(100, 34.4), (200, 90.0)], ("b", True, 96, 3000): [(100, 44.9), (200, 95.0)]}
+    assert plots.below_axis(curves, 83.0) == [(100, 34.4), (100, 44.9)]
+    finals = {("layerscale", True, 24): {3000: 97.0}, ("skipinit", True, 96): {3000: 98.0}}
+    curves = {("layerscale", True, 24, 3000): [(100, 34.4), (200, 90.0)],
+              ("skipinit", True, 96, 3000): [(100, 44.9), (200, 95.0)]}
+    plots.plot_budget(finals, curves, 3000, str(tmp_path / "budget.png"), title="t")
+    assert (tmp_path / "budget.png").read_bytes()[:8] == PNG_MAGIC
+    run = {"scheme": "none", "warmup": True, "depth": 6, "seed": 0, "train_loss_curve": [(10, 2.3), (20, 0.6)]}
+    plots.plot_loss_curves([run], 6, str(tmp_path / "loss.png"), title="t",
+                           floor=vp.label_smoothing_floor(0.1, 10))
+    assert (tmp_path / "loss.png").read_bytes()[:8] == PNG_MAGIC
+    assert vp.label_smoothing_floor(0.1, 10) == pytest.approx(0.5003, abs=1e-4)
+
+
 def test_each_record_holds_the_loss_curve_and_diagnostics_at_init_and_each_evaluation(sweep):
     out, _, _ = sweep
     record = {r["scheme"]: r for r in da_runs.load_records(out)}["layerscale"]
