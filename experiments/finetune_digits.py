@@ -29,7 +29,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import sys
 import time
 
@@ -39,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import sweep  # noqa: E402  (records, resume, ETA, statistics, tables)
 from layerscale_jax import lora as lora_lib  # noqa: E402
+from layerscale_jax.train import figures  # noqa: E402
 from layerscale_jax.train import finetune as finetune_lib  # noqa: E402
 from layerscale_jax.train.config import load_config, validate_experiment_config  # noqa: E402
 from layerscale_jax.train.loop import build_model_fns, train_and_evaluate  # noqa: E402
@@ -120,7 +120,16 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only rewrite the outputs from finished runs")
     parser.add_argument("--baseline", action="store_true",
                         help="only print the test reconstruction loss of predicting each patch's mean")
+    parser.add_argument("--label_committed_figure", action="store_true",
+                        help="only name the rows of, and title, OUT/reconstructions.png as committed before "
+                             "reconstruction_png named its rows (nothing trained)")
     args = parser.parse_args()
+    if args.label_committed_figure:
+        path = os.path.join(args.out, "reconstructions.png")
+        with open(path, "rb") as f:
+            write_reconstructions(figures.label_grid_png(f.read(), title=reconstructions_title(args.mae_steps)),
+                                  args.out)
+        return
     if args.baseline:
         config = load_config(os.path.join(ROOT, "configs/digits_mae.py"))
         print(f"predicting each patch's mean: test masked-patch reconstruction loss "
@@ -140,7 +149,8 @@ def main() -> None:
     else:
         mae = run(mae_config, mae_dir)
     print(f"MAE pre-training: test reconstruction loss {mae['test_loss']:.4f}", flush=True)
-    shutil.copyfile(os.path.join(mae_dir, "reconstructions.png"), os.path.join(args.out, "reconstructions.png"))
+    with open(os.path.join(mae_dir, "reconstructions.png"), "rb") as f:
+        write_reconstructions(figures.title_png(f.read(), reconstructions_title(args.mae_steps)), args.out)
 
     def train(spec: FinetuneSpec) -> dict:
         config = load_config(os.path.join(ROOT, spec.config_spec))
@@ -163,6 +173,23 @@ def main() -> None:
     if missing:
         raise SystemExit(f"no finished record of run(s) {missing} under {runs_dir}/records; run without --report")
     write_outputs([by_id[spec.run_id] for spec in grid], mae, args.out, args.mae_steps, args.steps, args.seeds)
+
+
+def reconstructions_title(mae_steps: int) -> str:
+    """``reconstructions.png``'s title: the run (``configs/digits_mae.py`` at ``mae_steps``, seed 0), how many test
+    digits (``tasks.RECONSTRUCTION_IMAGES``) and which share of their patches the encoder saw (1 − mask ratio)."""
+    from layerscale_jax.train.tasks import RECONSTRUCTION_IMAGES
+    config = load_config(os.path.join(ROOT, f"configs/digits_mae.py:steps={mae_steps},seed=0"))
+    return (f"MAE ({mae_steps} steps, seed 0): {RECONSTRUCTION_IMAGES} test digits, "
+            f"{1 - config.model.mask_ratio:.0%} of patches seen")
+
+
+def write_reconstructions(png: bytes, out: str) -> str:
+    """``out/reconstructions.png`` (the MAE run's figure, titled, rows named)."""
+    path = os.path.join(out, "reconstructions.png")
+    with open(path, "wb") as f:
+        f.write(png)
+    return path
 
 
 def write_outputs(records: list[dict], mae: dict, out: str, mae_steps: int, steps: int, seeds) -> str:

@@ -174,3 +174,57 @@ def test_reconstruction_png_names_each_row_on_its_left():
         assert (margin[r * 66:r * 66 + 64] < 100).sum() > 20
     with pytest.raises(ValueError, match="4 rows of images but 2 labels"):
         reconstruction_png(images, (0.5,), (1.0,), labels=("a", "b"))
+
+
+def _grey_grid_png(rows=4, n=3, size=64, gap=2) -> bytes:
+    """The unnamed grid ``reconstruction_png`` used to write: grey images, white gaps."""
+    import io
+
+    from PIL import Image
+
+    canvas = np.full((rows * (size + gap) - gap, n * (size + gap) - gap), 255, np.uint8)
+    for r in range(rows):
+        for i in range(n):
+            canvas[r * (size + gap):r * (size + gap) + size, i * (size + gap):i * (size + gap) + size] = 128
+    buffer = io.BytesIO()
+    Image.fromarray(canvas).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_an_unnamed_grid_is_framed_exactly_as_reconstruction_png_frames_its_own():
+    import io
+
+    from PIL import Image
+
+    from layerscale_jax.train.figures import label_grid_png, reconstruction_png, title_png
+
+    images = np.zeros((4, 3, 8, 8, 1), np.float32)
+    titled = reconstruction_png(images, (0.5,), (1.0,), scale=8, title="MAE")
+    assert label_grid_png(_grey_grid_png(), title="MAE") == titled
+    plain = Image.open(io.BytesIO(reconstruction_png(images, (0.5,), (1.0,), scale=8)))
+    framed = Image.open(io.BytesIO(titled))
+    assert framed.size == (plain.width, plain.height + 18)
+    assert (np.asarray(framed)[:18] < 100).sum() > 10                       # the title's dark text
+    assert Image.open(io.BytesIO(title_png(_grey_grid_png(), "t"))).size == (3 * 66 - 2, 4 * 66 - 2 + 18)
+    with pytest.raises(ValueError, match="does not split into 4 rows"):
+        label_grid_png(titled)                                               # already framed: not a bare grid
+
+
+def test_the_committed_finetune_figure_has_a_title_and_names_its_rows():
+    """experiments/results/finetune/reconstructions.png (8 digits, 4 rows of 64 pixels) is framed by
+    ``label_grid_png`` with ``finetune_digits.reconstructions_title`` (``--label_committed_figure``)."""
+    import io
+    import os
+
+    from PIL import Image
+
+    from layerscale_jax.train.figures import label_grid_png
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    committed = Image.open(os.path.join(root, "experiments", "results", "finetune", "reconstructions.png"))
+    expected = Image.open(io.BytesIO(label_grid_png(_grey_grid_png(n=8), title="x")))
+    assert committed.size == expected.size
+    pixels = np.asarray(committed)
+    margin = committed.width - (8 * 66 - 2)
+    assert (pixels[:18] < 100).sum() > 10 and all((pixels[18 + r * 66:18 + r * 66 + 64, :margin] < 100).sum() > 20
+                                                  for r in range(4))
