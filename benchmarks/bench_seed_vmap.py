@@ -31,6 +31,7 @@ import depth_ablation_runs as da  # noqa: E402
 from layerscale_jax import optim  # noqa: E402
 from layerscale_jax.bench.timing import cpu_model, load_average  # noqa: E402
 from layerscale_jax.train import finetune as finetune_lib  # noqa: E402
+from layerscale_jax.train.config import validate_experiment_config  # noqa: E402
 from layerscale_jax.train.loop import build_model_fns  # noqa: E402
 from layerscale_jax.train.step import init_train_state, make_train_step  # noqa: E402
 
@@ -38,17 +39,18 @@ from layerscale_jax.train.step import init_train_state, make_train_step  # noqa:
 def programs(depth: int, members: int, steps: int):
     """The ablation's train step for one run and its K-member vmap, with their initial states and batches."""
     spec = da.RunSpec(depth, "layerscale", True, 0, 1e-2, protocol="rates", steps=1000)
-    config = da.make_config(spec, da.PROTOCOL_SIZING)
-    make, abstract, graphdef, _, _ = build_model_fns(config)
-    bundle = optim.build(finetune_lib.optim_config(config, abstract), abstract, total_steps=config.train.steps)
-    step = make_train_step(graphdef, bundle.tx, bundle.schedule, optim_config=config.optim, data_config=config.data,
-                           num_classes=10)
+    experiment = validate_experiment_config(da.make_config(spec, da.PROTOCOL_SIZING))
+    make, abstract, graphdef, _, _ = build_model_fns(experiment)
+    optim_settings = finetune_lib.optim_settings(experiment, abstract)
+    bundle = optim.build(optim_settings, abstract, total_steps=experiment.train.steps)
+    step = make_train_step(graphdef, bundle.tx, bundle.schedule, optim_config=optim_settings,
+                           data_config=experiment.data, num_classes=10)
 
     def init(seed):
         return init_train_state(nnx.state(make(seed), nnx.Param), bundle.tx, seed, False)
 
     rng = np.random.default_rng(0)
-    size, batch = config.model.img_size, config.train.batch_size
+    size, batch = experiment.model.img_size, experiment.train.batch_size
 
     def batches(*lead):                                       # lead: () for one run, (K,) for K members
         return [{"image": jnp.asarray(rng.normal(size=(*lead, batch, size, size, 1)), jnp.float32),
