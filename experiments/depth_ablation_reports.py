@@ -279,8 +279,10 @@ def write_final_report(out: str, rates: dict, depths: Sequence[int], command: st
         not_converged = vp.write_convergence(records, paths[f"{which}/convergence"], "Convergence, " + head,
                                              layout(records), *final_floor_and_images())
         paths[f"{which}/table"] = os.path.join(report_dir, "table.md")
+        confounded = {(depth, (scheme, warmup)) for scheme, warmup, depth in
+                      machines.confounded_cells(records, REFERENCE)}
         vp.write_ci_table(records, paths[f"{which}/table"], "Final test accuracy (%), " + head, layout(records),
-                          not_converged)
+                          not_converged, confounded)
         paths[f"{which}/comparisons"] = os.path.join(report_dir, "comparisons.md")
         vp.write_comparisons(records, paths[f"{which}/comparisons"], "LayerScale against each column, " + head,
                              layout(records), REFERENCE)

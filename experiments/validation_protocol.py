@@ -245,14 +245,18 @@ NOT_CONVERGED_NOTE = (f"{NOT_CONVERGED}: the cell fails the convergence check (`
                       f"error); convergence.md has every cell's numbers")
 
 
-def write_ci_table(records: list[dict], path: str, title: str, layout: Layout, not_converged=frozenset()) -> str:
+def write_ci_table(records: list[dict], path: str, title: str, layout: Layout, not_converged=frozenset(),
+                   marked=frozenset(), mark: str = "‡") -> str:
     """Row × column table of ``ci_cell`` (test accuracy; final runs only, ``require_reportable``), the method
-    stated under it; the ``(row, column)`` cells in ``not_converged`` marked ``NOT_CONVERGED``."""
+    stated under it; the ``(row, column)`` cells in ``not_converged`` marked ``NOT_CONVERGED``, those in ``marked``
+    marked ``mark`` (the title explains it, e.g. a machine confound)."""
     require_reportable(records)
+
+    def marks(row, column):
+        return (f" {NOT_CONVERGED}" if (row, column) in not_converged else "") + (
+            f" {mark}" if (row, column) in marked else "")
     table = sweep.markdown_table([layout.row_header] + [layout.label(c) for c in layout.columns], (
-        [row] + [ci_cell(layout.cell(records, row, c), layout.value) + (f" {NOT_CONVERGED}" if (row, c) in
-                                                                         not_converged else "")
-                 for c in layout.columns]
+        [row] + [ci_cell(layout.cell(records, row, c), layout.value) + marks(row, c) for c in layout.columns]
         for row in layout.rows(records)))
     with open(path, "w") as f:
         f.write(f"{title}\n\n{table}\n{CI_METHOD}." + (f" {NOT_CONVERGED_NOTE}." if not_converged else "") + "\n")

@@ -110,16 +110,7 @@ def override_config(config: ml_collections.ConfigDict, overrides: Mapping[str, A
     """
     flat = _dotted({**(overrides or {}), **sections})
     config_lib.check_override_paths(config, [f"--config.{path}" for path in flat])
-    config = copy.deepcopy(config)
-    for path, value in flat.items():
-        *parents, field = path.split(".")
-        node = config
-        for key in parents:
-            node = node[key]
-        try:
-            node[field] = value
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"config.{path}={value!r}: {err}") from None
+    config = config_lib.with_overrides(config, flat)
     config_lib.validate_experiment_config(config)
     return config
 

@@ -146,3 +146,15 @@ def test_readmes_claim_1_at_depth_48_marks_the_cell_failing_the_convergence_chec
         row = next(ln for ln in open(os.path.join(da_runs.ROOT, path)).read().splitlines() if ln.startswith("| 1. "))
         per_depth = row.split("|")[2]
         assert re.search(r"\+3\.15 \[0\.70, 5\.61\][^,]*" + vp.NOT_CONVERGED, per_depth), (path, per_depth)
+
+
+@pytest.mark.parametrize("which", ["per_depth", "one_rate"])
+def test_experiments_readmes_accuracy_tables_are_the_committed_tables_with_their_marks(which):
+    """Every row of final/<which>/table.md — † on the cell failing the convergence check, ‡ on LayerScale's
+    machine-confounded one-rate cells — is in experiments/README.md as it stands."""
+    table = open(os.path.join(FINAL, which, "table.md")).read()
+    rows = [ln for ln in table.splitlines() if re.match(r"\| \d+ \|", ln)]
+    text = open(os.path.join(da_runs.ROOT, "experiments", "README.md")).read()
+    assert rows and all(row in text for row in rows), [row for row in rows if row not in text]
+    marked = sum("‡" in row for row in rows)
+    assert marked == (len(machines.exclusive_depths(_final(which), LAYERSCALE)))

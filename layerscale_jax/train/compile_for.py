@@ -15,7 +15,6 @@ their shardings; nothing is allocated, no data read) over device descriptions of
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
@@ -30,6 +29,7 @@ from layerscale_jax.errors import UserError
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import targets as targets_lib
 from layerscale_jax.train.config import as_experiment
+from layerscale_jax.train.config import with_overrides as _with
 
 GiB = targets_lib.GiB
 # libtpu's out-of-memory at compile time, e.g. "... HLO temporaries (16.96G) exceeds available HBM (15.75G)".
@@ -300,17 +300,6 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
 # -- --fit: the first config that compiles within HBM ----------------------------------------------------------
 
 REMAT_ORDER = ("dots_saveable", "dots_with_no_batch_dims_saveable", "full")   # least recomputation first
-
-
-def _with(config, overrides: dict):
-    changed = copy.deepcopy(config)
-    for path, value in overrides.items():
-        *parents, leaf = path.split(".")
-        node = changed
-        for key in parents:
-            node = node[key]
-        node[leaf] = value
-    return changed
 
 
 def _accum_choices(config, mesh_batch_devices: int) -> list[int]:

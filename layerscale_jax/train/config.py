@@ -52,6 +52,7 @@ error names the field and the value. It returns an ``Experiment``, every section
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import math
@@ -76,7 +77,6 @@ MESH_AXES = ("data", "fsdp", "tensor")
 # Parallelism across slices (TPU multi-slice, over the data-centre network) or, where devices carry no slice, across
 # processes: ``mesh.dcn_<axis>`` granules along each axis (MaxText's ``dcn_*``), ``mesh.<axis>`` devices within one.
 DCN_AXES = tuple(f"dcn_{axis}" for axis in MESH_AXES)
-MESH_FIELDS = MESH_AXES + DCN_AXES
 
 # Default logical → mesh axis rules: FSDP over the embedding dimension, tensor parallelism over heads and MLP.
 DEFAULT_RULES = (
@@ -298,6 +298,22 @@ def check_override_paths(config, overrides: list[str]) -> None:
             if not hasattr(node, "keys") or key not in node.keys():
                 raise UserError(f"unknown config field {field}{did_you_mean(field, paths)}")
             node = node[key]
+
+
+def with_overrides(config, overrides: dict) -> ml_collections.ConfigDict:
+    """A copy of ``config`` with the fields of dotted paths set (``{"train.steps": 300}``, as
+    ``--config.train.steps=300``); a value of the wrong type raises ``ConfigError`` naming the path."""
+    changed = copy.deepcopy(config)
+    for path, value in overrides.items():
+        *parents, field = path.split(".")
+        node = changed
+        for key in parents:
+            node = node[key]
+        try:
+            node[field] = value
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"config.{path}={value!r}: {err}") from None
+    return changed
 
 
 def _where_in(path: str, err: BaseException) -> str:

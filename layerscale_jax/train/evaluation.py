@@ -39,13 +39,18 @@ class Evaluation:
     """The evaluations, every ``train.eval_every`` steps and at ``end``: the task's metrics over the evaluated split
     (``evaluate``; of the EMA parameters where kept), what the task writes at each into a workdir (MAE: its
     reconstructions; none without a workdir), and the per-block diagnostics (classification) of the parameters on a
-    fixed batch, the first train batch of the seed (before Mixup/CutMix; the same one after a resume)."""
+    fixed batch, the first train batch of the seed (before Mixup/CutMix; the same one after a resume).
 
-    def __init__(self, trainer, *, end: int, workdir=None):
-        self.trainer, self.end, self.workdir = trainer, end, workdir
-        self.every, self.batch_size = trainer.train.eval_every, trainer.train.eval_batch_size
-        self.batch = (diagnostics_batch(trainer.data, trainer.train, trainer.mesh)
-                      if trainer.diagnostics is not None else None)
+    ``data``, ``train``: the sections (the evaluated split; ``train.eval_every``, ``train.eval_batch_size``, and the
+    seed and batch of the diagnostics' batch); ``eval_step``: ``step.make_eval_step``'s, jitted; ``task``: its
+    metrics; ``diagnostics``: the jitted per-block diagnostics (None: none); ``after(params, step)``: what the task
+    writes at each evaluation (None: nothing)."""
+
+    def __init__(self, data, train, mesh, eval_step, task, *, end: int, diagnostics=None, after=None):
+        self.data, self.mesh, self.eval_step, self.task, self.end = data, mesh, eval_step, task, end
+        self.every, self.batch_size = train.eval_every, train.eval_batch_size
+        self.measure, self.after = diagnostics, after
+        self.batch = diagnostics_batch(data, train, mesh) if diagnostics is not None else None
         self.results: dict[str, float] = {}      # the newest evaluation's metrics
         self.seconds = 0.0                       # spent evaluating
 
@@ -53,27 +58,23 @@ class Evaluation:
         return due(step, self.every, self.end)
 
     def metrics(self, state: dict) -> dict[str, float]:
-        trainer = self.trainer
-        return evaluate(trainer.eval_step, _eval_params(state), trainer.data, self.batch_size, trainer.mesh,
-                        trainer.task)
+        return evaluate(self.eval_step, _eval_params(state), self.data, self.batch_size, self.mesh, self.task)
 
     def on_split(self, state: dict, split: str) -> dict[str, float]:
         """The task's metrics of ``state`` over another split of the dataset, named by that split's prefix
         (``test_accuracy`` for 'test'; ``tasks.metric_prefix``)."""
-        trainer = self.trainer
-        data = dataclasses.replace(trainer.data, eval_split=split)
-        return evaluate(trainer.eval_step, _eval_params(state), data, self.batch_size, trainer.mesh,
-                        type(trainer.task)(split))
+        return evaluate(self.eval_step, _eval_params(state), dataclasses.replace(self.data, eval_split=split),
+                        self.batch_size, self.mesh, type(self.task)(split))
 
     def diagnostics(self, state: dict) -> dict[str, float]:
-        return to_floats(self.trainer.diagnostics(state["params"], self.batch)) if self.batch is not None else {}
+        return to_floats(self.measure(state["params"], self.batch)) if self.batch is not None else {}
 
     def __call__(self, step: int, state: dict) -> tuple[dict, dict]:
         """The evaluation at ``step``: ``(metrics, diagnostics)``."""
         started = time.time()
         self.results = self.metrics(state)
-        if self.workdir is not None:
-            self.trainer.task.after_evaluation(self.trainer, _eval_params(state), step, self.workdir)
+        if self.after is not None:
+            self.after(_eval_params(state), step)
         diagnostics = self.diagnostics(state)
         self.seconds += time.time() - started
         return self.results, diagnostics

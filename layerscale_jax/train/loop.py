@@ -17,6 +17,7 @@ position, its wait), ``guard.NonFiniteGuard``, ``metrics.MetricsLog`` (metrics.j
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from typing import Any, Callable, NamedTuple
@@ -39,7 +40,7 @@ from layerscale_jax.train import workdir as workdir_lib
 from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, to_jsonable
 from layerscale_jax.train.compile_cache import use_compilation_cache
 from layerscale_jax.optim.config import OptimSettings
-from layerscale_jax.train.config import Experiment, TrainSettings, as_experiment
+from layerscale_jax.train.config import Experiment, as_experiment
 from layerscale_jax.train.config import model_overrides  # noqa: F401 - re-exported (tests, scripts)
 from layerscale_jax.train.diagnostics import make_diagnostics_fn
 from layerscale_jax.train.evaluation import Evaluation
@@ -119,19 +120,9 @@ class Trainer:
     eval_step: Callable           # jitted
     diagnostics: Callable | None  # jitted (params, batch) → train.diagnostics (classification), replicated
 
-    @property
-    def train(self) -> TrainSettings:
-        return self.experiment.train
-
-    @property
-    def data(self):
-        """The data section: data.config.DataSettings."""
-        return self.experiment.data
-
-    @property
-    def arch(self):
-        """The model's architecture config, as built."""
-        return self.experiment.model
+    train = property(lambda self: self.experiment.train, doc="The train section: ``TrainSettings``.")
+    data = property(lambda self: self.experiment.data, doc="The data section: ``DataSettings``.")
+    arch = property(lambda self: self.experiment.model, doc="The architecture config the model is built from.")
 
     def init_state(self) -> dict:
         """The initial train state, created already sharded; ``train.init_from`` weights replace the random ones."""
@@ -262,7 +253,9 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary) ->
         print(f"stopped before step {start.step + 1}: nothing new to save", flush=True)
         return {"preempted_at_step": start.step}
 
-    evaluation = Evaluation(trainer, end=tc.steps, workdir=workdir)
+    evaluation = Evaluation(experiment.data, tc, trainer.mesh, trainer.eval_step, trainer.task, end=tc.steps,
+                            diagnostics=trainer.diagnostics,
+                            after=functools.partial(trainer.task.after_evaluation, trainer, workdir=workdir))
     writer = MetricsWriter(workdir, tc.steps, shown=console_keys(trainer.task))
     guard = NonFiniteGuard(tc.nonfinite, checkpointer)
     checkpoints = Checkpoints(checkpointer, writer, batches, guard, config_json, tc.checkpoint_every, end=tc.steps,
@@ -315,7 +308,8 @@ def train_and_record(config: Experiment | Any, final_splits: tuple[str, ...] = (
     end = min(tc.steps, tc.stop_after_steps or tc.steps)
     state = trainer.init_state()
     guard = NonFiniteGuard("stop")
-    evaluation = Evaluation(trainer, end=end)
+    evaluation = Evaluation(experiment.data, tc, trainer.mesh, trainer.eval_step, trainer.task, end=end,
+                            diagnostics=trainer.diagnostics)
     record = RunRecord(trainer.task, tc.log_every, end=end, started=started)
     with Batches(experiment.data, tc, trainer.mesh) as batches:
         record.evaluated(0, {}, evaluation.diagnostics(state))                 # at initialisation
