@@ -17,7 +17,7 @@ import difflib
 from typing import Any
 
 from layerscale_jax.errors import ConfigError
-from layerscale_jax.settings import choice, integer
+from layerscale_jax.settings import boolean, check_fields, choice, integer, number
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
@@ -107,13 +107,10 @@ class ArchConfig:
             raise ConfigError(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}")
         if self.img_size % self.patch_size:
             raise ConfigError(f"img_size={self.img_size} is not divisible by patch_size={self.patch_size}")
-        if not self.mlp_ratio > 0:
-            raise ConfigError(f"mlp_ratio={self.mlp_ratio!r} must be positive")
-        if not 0.0 <= self.drop_path_rate < 1.0:
-            raise ConfigError(f"drop_path_rate={self.drop_path_rate!r} must lie in [0, 1)")
+        number("mlp_ratio", self.mlp_ratio, 0.0, low_open=True)
+        number("drop_path_rate", self.drop_path_rate, 0.0, 1.0, high_open=True)
         choice("drop_path_rule", self.drop_path_rule, DROP_PATH_RULES)
-        if not self.norm_eps > 0:
-            raise ConfigError(f"norm_eps={self.norm_eps!r} must be positive")
+        number("norm_eps", self.norm_eps, 0.0, low_open=True)
         validate_branch_scaling(self.branch_scaling, self.init_values)
         validate_remat(self.remat)
 
@@ -163,8 +160,7 @@ class CaiTConfig(ArchConfig):
     def validate(self) -> None:
         super().validate()
         integer("depth_token_only", self.depth_token_only, 1)
-        if not self.mlp_ratio_token_only > 0:
-            raise ConfigError(f"mlp_ratio_token_only={self.mlp_ratio_token_only!r} must be positive")
+        number("mlp_ratio_token_only", self.mlp_ratio_token_only, 0.0, low_open=True)
 
 
 def num_kept(num_patches: int, mask_ratio: float) -> int:
@@ -204,8 +200,7 @@ class MAEConfig(ArchConfig):
             raise ConfigError(f"mask_ratio={ratio!r} must lie in the open interval (0, 1)")
         if num_kept(self.num_patches, ratio) < 1:
             raise ConfigError(f"mask_ratio={ratio!r} keeps no patch of the {self.num_patches} per image")
-        if not isinstance(self.norm_pix_loss, bool):
-            raise ConfigError(f"norm_pix_loss={self.norm_pix_loss!r} must be a bool")
+        boolean("norm_pix_loss", self.norm_pix_loss)
 
     @property
     def patch_dim(self) -> int:
@@ -220,10 +215,7 @@ class ModelEntry:
     defaults: dict[str, Any]
 
     def make_config(self, overrides: dict[str, Any]) -> ArchConfig:
-        valid = {f.name for f in dataclasses.fields(self.config_cls)}
-        unknown = sorted(set(overrides) - valid)
-        if unknown:
-            raise ConfigError(f"unknown option(s) {unknown} for model {self.name!r}; valid options: {sorted(valid)}")
+        check_fields(overrides, [f.name for f in dataclasses.fields(self.config_cls)], "", f"model {self.name!r}")
         return self.config_cls(**{**self.defaults, **overrides})
 
 

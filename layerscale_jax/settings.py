@@ -1,5 +1,5 @@
 """The checks every typed config section shares, and ``Section``, the base of the frozen sections ``train``,
-``train.mesh``, ``optim`` and ``lora`` (``ArchConfig`` and the data section use the same checks). No jax.
+``train.mesh``, ``optim`` and ``lora`` (``ArchConfig`` uses the same checks). No jax.
 
 A section is a frozen dataclass whose ``__post_init__`` checks each field, so a section that exists is valid;
 ``Section.of(config)`` makes one from a ``ConfigDict`` (or a mapping; an instance is returned as it is): unknown
@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import ClassVar
 
 from layerscale_jax.errors import ConfigError, did_you_mean
 
 
-def check_fields(section, known, prefix: str) -> None:
+def check_fields(section, known, prefix: str, owner: str = "") -> None:
     """Refuse fields of ``section`` (a mapping or ``ConfigDict``) not in ``known``, naming the closest valid ones."""
     unknown = sorted(set(section.keys()) - set(known))
     if unknown:
         listed = ", ".join(f"{prefix}{key}{did_you_mean(key, known)}" for key in unknown)
-        raise ConfigError(f"unknown config field(s) {listed}; valid fields of {prefix.rstrip('.') or 'a config'}: "
-                          f"{', '.join(sorted(known))}")
+        raise ConfigError(f"unknown config field(s) {listed}; valid fields of "
+                          f"{owner or prefix.rstrip('.') or 'a config'}: {', '.join(sorted(known))}")
 
 
 def integer(name: str, value, minimum: int | None = None, *, also: tuple = (), note: str = "") -> int:
@@ -37,7 +38,7 @@ def integer(name: str, value, minimum: int | None = None, *, also: tuple = (), n
 def number(name: str, value, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
            high_open: bool = False) -> float:
     """``value`` as a float if it is a finite number in the interval, else an error naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigError(f"{name}={value!r} must be a number")
     if not math.isfinite(value):
         raise ConfigError(f"{name}={value!r} must be a finite number")
