@@ -70,11 +70,9 @@ def _check_batch(name: str, batch_size: int, mesh) -> None:
                           f"mesh's batch axes (data={mesh.shape['data']} × fsdp={mesh.shape['fsdp']})")
 
 
-def build_model_fns(config: Experiment | Any):
+def build_model_fns(experiment: Experiment):
     """The abstract model and its train/eval graph definitions (no parameters allocated), for an ``Experiment``
-    (a ``ConfigDict`` is validated into one first)."""
-    experiment = as_experiment(config)
-
+    (``train.config.validate_experiment_config``)."""
     def make(seed: int):
         return finetune_lib.add_adapters(experiment.lora, create_from_config(experiment.model, rngs=nnx.Rngs(seed)),
                                          seed)
