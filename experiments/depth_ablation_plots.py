@@ -54,17 +54,28 @@ def _finish(fig, ax, path, legend=True):
 
 
 NOT_CONVERGED_MARK = "†"
+CONFOUNDED_MARK = "‡"
+
+
+def cell_marks(not_converged=frozenset(), confounded=frozenset()) -> dict:
+    """``{(depth, (scheme, warm-up)): "†", "‡" or "†‡"}``: each marked cell's marks."""
+    marks = {}
+    for cells, mark in ((not_converged, NOT_CONVERGED_MARK), (confounded, CONFOUNDED_MARK)):
+        for cell in cells:
+            marks[cell] = marks.get(cell, "") + mark
+    return marks
 
 
 def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *, title: str, ylabel: str,
-                           not_converged=frozenset()) -> None:
+                           not_converged=frozenset(), confounded=frozenset()) -> None:
     """``accuracy(record)`` (%) against depth, one colour per scheme: each seed a small point (slightly spread
     sideways), the mean over converged seeds joined by a line with its 95% t-interval, diverged runs an ``x`` at
     the bottom, on 0–100%. When every converged run lies above 50%, a second panel shows them again with the
     accuracy axis spanning only them, so differences of a point between trained columns can be seen. ``columns``
     are the (scheme, warm-up) pairs in legend order. A cell ``(depth, (scheme, warm-up))`` in ``not_converged``
-    (it fails the convergence check) is marked † beside its mean; an interval the axis cuts off is marked with a
-    triangle at the edge it crosses (``clipped_intervals``), each explained in the legend."""
+    (it fails the convergence check) is marked † beside its mean, one in ``confounded`` (it ran only on machine
+    kinds no other column used) ‡; an interval the axis cuts off is marked with a triangle at the edge it crosses
+    (``clipped_intervals``), each explained in the legend."""
     plt = sweep.pyplot()
     zoom_from, zoom_to = zoom_limits(records, accuracy)
     if zoom_from >= 50:
@@ -75,7 +86,7 @@ def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *,
     any_diverged = any(r["diverged"] for r in records)
     for ax in (full, zoom) if zoom else (full,):
         _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged=ax is full,
-                             not_converged=not_converged)
+                             marks=cell_marks(not_converged, confounded))
         ax.set_xscale("log", base=2)
         ax.set_xticks(depths, [str(d) for d in depths])
         ax.minorticks_off()
@@ -102,6 +113,8 @@ def plot_accuracy_vs_depth(records: list[dict], columns, accuracy, path: str, *,
     if not_converged:
         full.plot([], [], " ", label=f"{NOT_CONVERGED_MARK} cell fails the convergence check "
                                      f"(rule written after the results)")
+    if confounded:
+        full.plot([], [], " ", label=f"{CONFOUNDED_MARK} cell ran only on machine kinds no other column used")
     _finish(fig, full, path)
 
 
@@ -154,11 +167,10 @@ def zoom_limits(records: list[dict], accuracy) -> tuple[float, float]:
     return low, (100.0 if highest <= 100 else math.ceil(highest * 2) / 2 + 0.5)
 
 
-def _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged: bool,
-                         not_converged=frozenset()) -> None:
+def _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged: bool, marks=None) -> None:
     """``plot_accuracy_vs_depth``'s marks on one panel: per column each seed a point, the converged seeds' mean with
     its 95% t-interval (labelled for the legend on the panel that marks diverged runs), diverged runs an ``x`` at 0
-    when ``mark_diverged``, a † right of the mean of each ``(depth, column)`` in ``not_converged``."""
+    when ``mark_diverged``, each ``(depth, column)``'s marks (``cell_marks``) left of its mean."""
     offsets = {c: (i - (len(columns) - 1) / 2) * 0.025 for i, c in enumerate(columns)}
     for column in columns:
         scheme, warmup = column
@@ -176,8 +188,8 @@ def _draw_runs_and_means(ax, records, columns, accuracy, depths, mark_diverged: 
                            clip_on=False, zorder=5)
             if converged:
                 s = sweep.summarise(converged)
-                if (depth, column) in not_converged:
-                    ax.annotate(NOT_CONVERGED_MARK, (depth * shift, s.mean), xytext=(-16, -4),
+                if (depth, column) in (marks or {}):
+                    ax.annotate(marks[(depth, column)], (depth * shift, s.mean), xytext=(-16, -4),
                                 textcoords="offset points", fontsize=14, fontweight="bold", color="black",
                                 zorder=7)
                 xs.append(depth * shift)

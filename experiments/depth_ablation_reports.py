@@ -52,14 +52,16 @@ def describe(records: list[dict], protocol: str, rates: str) -> str:
 
 
 def write_figures(records: list[dict], report_dir: str, title: str, not_converged=frozenset()) -> dict[str, str]:
-    """The accuracy-vs-depth figure (the ``not_converged`` cells marked) and, at the largest depth, loss curves
+    """The accuracy-vs-depth figure (the ``not_converged`` cells and LayerScale's machine-confounded ones,
+    ``depth_ablation_machines.confounded_cells``, marked) and, at the largest depth, loss curves
     (with the label-smoothing floor), scale heat map and branch ratios."""
     prefix = "test" if records[0].get("eval_split", "test") == "test" else "validation"
     paths = {"acc_vs_depth": os.path.join(report_dir, "acc_vs_depth.png")}
     plots.plot_accuracy_vs_depth(records, column_names(records), lambda r: 100 * vp.accuracy(r),
                                  paths["acc_vs_depth"], title=title,
                                  ylabel=f"final {prefix} accuracy (%): seeds, mean, 95% CI",
-                                 not_converged=not_converged)
+                                 not_converged=not_converged,
+                                 confounded={(d, (s, w)) for s, w, d in machines.confounded_cells(records, REFERENCE)})
     deepest = max(r["depth"] for r in records)
     first = _first_seed(records, deepest)
     paths["loss_curves"] = os.path.join(report_dir, f"loss_curves_depth{deepest}.png")

@@ -127,8 +127,11 @@ def test_an_interval_the_accuracy_axis_cuts_off_is_found_and_marked_and_the_fail
     assert plots.clipped_intervals(records, columns, value, -100, 200) == []
     path = str(tmp_path / "marked.png")
     plots.plot_accuracy_vs_depth(records, columns, value, path, title="t", ylabel="%",
-                                 not_converged={(12, ("none", True))})
+                                 not_converged={(12, ("none", True))}, confounded={(12, ("none", True)),
+                                                                                   (6, ("layerscale", True))})
     assert open(path, "rb").read(8) == PNG_MAGIC
+    assert plots.cell_marks({(12, ("none", True))}, {(12, ("none", True)), (6, ("layerscale", True))}) == {
+        (12, ("none", True)): "†‡", (6, ("layerscale", True)): "‡"}
 
 
 def test_a_cut_budget_axis_counts_what_it_leaves_out_and_the_loss_curves_draw_the_floor(tmp_path):
