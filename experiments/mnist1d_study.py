@@ -41,12 +41,33 @@ SHALLOW, DEEP = pilot.SHALLOW, pilot.DEEP
 DEPTHS = (DEEP, SHALLOW)                  # the order a block trains them in
 RATES = pilot.RATES                       # the fixed grid every seed trains
 ALPHA, POWER, RESOLVE = pilot.ALPHA, pilot.POWER, pilot.RESOLVE_POINTS
-# From the pilot's committed records (experiments/results/mnist1d_pilot/report.md; tests recompute them).
-NUM_TRAIN = None
-PILOT_DIFFERENCE_SD = None
-PILOT_DF = None
-NUM_SEEDS = None
-SEEDS = ()
+def columns_at(depth: int) -> tuple[str, ...]:
+    """The columns trained at ``depth``: at the shallow depth CaiT's rule gives ε = 0.1, so `layerscale_eps0.1` is
+    `layerscale` itself and is not trained again."""
+    return COLUMNS if depth != SHALLOW else tuple(c for c in COLUMNS if c != "layerscale_eps0.1")
+
+
+# From the pilot's committed records (experiments/results/mnist1d_pilot/report.md; tests recompute every one).
+NUM_TRAIN = 2000                      # stage 1's chosen size
+PILOT_DIFFERENCE_SD = 8.98            # pooled SD of the per-seed differences `layerscale − none` (points)
+PILOT_DF = 6
+PILOT_RULE_SEEDS = 848                # what the pilot's rule asks for at that SD
+PILOT_SD_BY_DEPTH = {SHALLOW: 2.51, DEEP: 12.45}     # the same SD at each depth
+PILOT_DEEP_MEAN_DIFFERENCE = 21.92    # mean per-seed `layerscale − none` at depth 48 (points)
+PILOT_LAYERSCALE_DEEP_SD = 1.17       # SD over seeds of `layerscale` at depth 48, the one deep cell that trained
+PILOT_CPU_SECONDS = {SHALLOW: 25.5, DEEP: 175.7}     # mean CPU time of a pilot run per depth (one core)
+BUDGET_CPU_HOURS = 15.0               # issue 46's budget for the study
+# Assumed SD of a difference between two deep columns that both train (claims 3 and 5; not piloted): two cells of
+# LayerScale's spread, independent: √2 · 1.17.
+ASSUMED_DEEP_PAIR_SD = math.sqrt(2) * PILOT_LAYERSCALE_DEEP_SD
+
+
+def block_cpu_seconds() -> float:
+    return sum(PILOT_CPU_SECONDS[depth] * len(RATES) * len(columns_at(depth)) for depth in DEPTHS)
+
+
+NUM_SEEDS = int(BUDGET_CPU_HOURS * 3600 // block_cpu_seconds())  # the most blocks within the budget
+SEEDS = tuple(range(1, NUM_SEEDS + 1))
 
 
 def comparisons_at_deep() -> list[tuple[str, str]]:
@@ -54,12 +75,13 @@ def comparisons_at_deep() -> list[tuple[str, str]]:
     return [(REFERENCE, c) for c in COLUMNS if c != REFERENCE]
 
 
-def _detectable() -> float:
-    """The smallest difference (points) the registered seeds detect with 80% power at α/3 and the pilot's SD."""
+def detectable(sd: float, tests: int = 3) -> float:
+    """The smallest difference (points, to 0.01) ``NUM_SEEDS`` blocks detect with 80% power in a paired two-sided
+    t-test at α/``tests`` (Holm's strictest step), at the difference SD ``sd``."""
     d = 0.01
-    while power.paired_power(NUM_SEEDS, d, PILOT_DIFFERENCE_SD, ALPHA / 3) < POWER:
+    while power.paired_power(NUM_SEEDS, d, sd, ALPHA / tests) < POWER:
         d += 0.01
-    return d
+    return round(d, 2)
 
 
 def preregistration_text() -> str:
@@ -75,12 +97,13 @@ committed before its runs).
   plain pre-norm in deep models (claim 2), a per-channel λ beats one scalar per branch (claim 3), ε has to shrink
   with depth (claim 5: CaiT's rule beats ε = 0.1), and LayerScale lets a deep model train under the recipe a
   shallow one uses (shared recipe). On digits every column sat at 95–98.5% and nothing smaller than 0.6–6.6 points
-  could be resolved; here accuracy is off the ceiling and the seeds are sized to resolve {RESOLVE:g} point.
+  could be resolved; here accuracy is off the ceiling (the pilot: plain pre-norm 83% at depth {SHALLOW}), and what
+  the registered blocks resolve is stated below, before the runs.
 - **Data.** MNIST-1D (`layerscale_jax.data.mnist1d`, the package's generator at its defaults, seed 42):
-  num_train = {NUM_TRAIN} (the pilot's choice), 1,000 validation and 10,000 test signals (the SE of one test accuracy
-  is at most 0.5 points). Validation selects; test is reported, once, by the analysis below.
-- **Model and recipe.** The pilot's: a ViT over 1-D patches of 4 samples, width {m1.EMBED_DIM}, {m1.NUM_HEADS} heads, scanned
-  blocks, average pooling; batch 64, {m1.STEPS} AdamW steps, 10% warm-up, cosine decay, weight decay 0.05,
+  num_train = {NUM_TRAIN} (the pilot's choice), 1,000 validation and 10,000 test signals (the SE of one test
+  accuracy is at most 0.5 points). Validation selects; test is reported, once, by the analysis below.
+- **Model and recipe.** The pilot's: a ViT over 1-D patches of 4 samples, width {m1.EMBED_DIM}, {m1.NUM_HEADS} heads,
+  scanned blocks, average pooling; batch 64, {m1.STEPS} AdamW steps, 10% warm-up, cosine decay, weight decay 0.05,
   clipping at 1, label smoothing 0.1, drop path 0.05, no augmentation. Every column the same except its scaling.
 - **Columns.** `none` (plain pre-norm); `layerscale` (per-channel λ, CaiT's ε: 0.1 at depth {SHALLOW}, 1e-6 at
   {DEEP}); `layerscale_eps0.1` (ε = 0.1 at every depth: at depth {SHALLOW} it is `layerscale` itself and is not
@@ -95,19 +118,31 @@ committed before its runs).
   {NUM_SEEDS} complete single-kind blocks with the lowest seeds (seeds 1, 2, …; a block left unfinished on a kind
   that does not return is replaced by the next seed). A run that fails with an error (not a divergence) leaves no
   record and is trained again.
-- **Seeds: {NUM_SEEDS} blocks**, from the pilot's pooled SD of per-seed differences `layerscale − none` in validation
-  accuracy, {PILOT_DIFFERENCE_SD:.2f} points ({PILOT_DF} df): the smallest n whose two-sided paired t-test at α =
-  {ALPHA:g}/3 (Holm's strictest step over a family of 3) has ≥ {POWER:.0%} power against {RESOLVE:g} point, by
-  the exact noncentral t (`power.seeds_for`). At that SD, {NUM_SEEDS} blocks detect {_detectable():.2f} points with
-  {POWER:.0%} power at α/3. An SD larger than the pilot's makes the study weaker than planned; the report gives the
-  observed SDs and what they detect.
+- **Seeds: {NUM_SEEDS} blocks, set by the budget, not by the pilot's rule** (a deviation, stated here before any
+  run). The pilot's rule, on its pooled SD of per-seed differences `layerscale − none` in validation accuracy
+  ({PILOT_DIFFERENCE_SD:.2f} points, {PILOT_DF} df), asks for {PILOT_RULE_SEEDS} seeds to resolve {RESOLVE:g} point
+  at {POWER:.0%} power in a paired two-sided t-test at α = {ALPHA:g}/3. That SD is dominated by depth {DEEP}
+  ({PILOT_SD_BY_DEPTH[DEEP]:.2f}; {PILOT_SD_BY_DEPTH[SHALLOW]:.2f} at depth {SHALLOW}), where plain pre-norm has not
+  converged in {m1.STEPS} steps and trails LayerScale by 14–40 points. No budget here trains that many: the study
+  takes the most blocks the issue's {BUDGET_CPU_HOURS:g} CPU-hours buy at the pilot's measured cost (a block ≈
+  {block_cpu_seconds() / 3600:.2f} CPU-hours: depth {DEEP} {PILOT_CPU_SECONDS[DEEP]:g} s, depth {SHALLOW}
+  {PILOT_CPU_SECONDS[SHALLOW]:g} s per run), **{NUM_SEEDS}**, and states what they resolve, with {POWER:.0%} power at
+  α/3 (exact noncentral t, `power.paired_power`): claim 2 at depth {DEEP} at the pilot's SD there,
+  **{detectable(PILOT_SD_BY_DEPTH[DEEP]):.2f} points** (the pilot's mean difference there:
+  {PILOT_DEEP_MEAN_DIFFERENCE:+.1f}); the depth-{SHALLOW}
+  family (α/2) at its SD, **{detectable(PILOT_SD_BY_DEPTH[SHALLOW], 2):.2f}**; claims 3 and 5 (two deep columns that
+  both train; not piloted, SD assumed √2 × LayerScale's spread at depth {DEEP}, {PILOT_LAYERSCALE_DEEP_SD:.2f} →
+  {ASSUMED_DEEP_PAIR_SD:.2f}) **{detectable(ASSUMED_DEEP_PAIR_SD):.2f}**. {RESOLVE:g} point is not resolvable at this
+  budget; a "not resolved" rules out nothing much smaller than these. The report gives the observed SDs and what
+  they detect.
 - **Endpoints.** Primary: **test accuracy at each seed's validation-best rate** (per block, column and depth: the
   rate whose run got the most of the 1,000 validation signals right among its runs that did not diverge, ties to
   the lower rate; all diverged: the lowest rate). Secondary: test accuracy at each rate of the grid (the shared
   recipe); test NLL (cross-entropy) at the validation-best rate. Descriptive: validation accuracy, every seed's
   value, divergence counts, the validation-picked rates, machine kinds.
 - **Comparisons and families.** At depth {DEEP}: `layerscale` − `none` (claim 2), − `layerscale_eps0.1` (claim 5),
-  − `scalar` (claim 3): one family of 3 per endpoint (the primary; each rate's; NLL, where lower is better). Claim
+  − `scalar` (claim 3): one family of 3 per endpoint (the primary; each rate's, which test the shared recipe; NLL,
+  where lower is better). Claim
   1: `none` @ {SHALLOW} − `none` @ {DEEP} on the primary endpoint, alone. At depth {SHALLOW}: `layerscale` −
   `none`, − `scalar` on the primary endpoint, a family of 2 (secondary).
 - **Statistics.** Paired over blocks: per block the difference of the two cells' values; two-sided paired t-test
@@ -127,26 +162,19 @@ committed before its runs).
   (descriptive).
 - **Convergence.** Not a rule of this study: the budget is fixed at {m1.STEPS} steps for every run; each run's
   validation curve (every {m1.EVAL_EVERY} steps) is kept and shown, no run is excluded on it.
-- **Cost.** {runs_per_block} runs per block ({deep_runs} at depth {DEEP}); measured in the pilot on a 2-core
-  Intel Xeon family 6 model 207, one core per run: depth {DEEP} ≈ 160–190 s, depth {SHALLOW} ≈ 30–45 s a run.
+- **Cost.** {runs_per_block} runs per block ({deep_runs} at depth {DEEP}), {NUM_SEEDS * runs_per_block} in all, about
+  {NUM_SEEDS * block_cpu_seconds() / 3600:.1f} CPU-hours at the pilot's cost (2-core Intel Xeon family 6 model 207,
+  one core per run); several sessions, committed as blocks finish.
 - **Not claimed either way.** Depths other than {SHALLOW} and {DEEP}, other widths, ReZero/SkipInit, ImageNet: MNIST-1D
   is a 40-sample, 10-class toy; a difference here says what LayerScale does to optimisation in a deep, narrow
   ViT trained briefly, not what it does at ImageNet scale.
 """
 
 
-PREREGISTRATION = preregistration_text() if NUM_SEEDS else ""
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # The runs
 # ---------------------------------------------------------------------------------------------------------------
-def columns_at(depth: int) -> tuple[str, ...]:
-    """The columns trained at ``depth``: at the shallow depth CaiT's rule gives ε = 0.1, so `layerscale_eps0.1` is
-    `layerscale` itself and is not trained again."""
-    return COLUMNS if depth != SHALLOW else tuple(c for c in COLUMNS if c != "layerscale_eps0.1")
-
-
 def block_runs(seed: int) -> list[m1.Run]:
     """One block in its training order: depth 48 then 6; within a depth the rates of the grid in order, every
     column at a rate before the next rate."""
@@ -387,6 +415,15 @@ def _grid(done: Sequence[Block], depth: int) -> str:
     return sweep.markdown_table(["column"] + [f"{r:g}" for r in RATES] + ["validation picks"], rows)
 
 
+def _per_kind_table(family: list[Paired], done: Sequence[Block], kinds: dict) -> str:
+    """The primary family's mean difference on each machine kind's blocks (descriptive)."""
+    position = {b.seed: i for i, b in enumerate(done)}
+    rows = [[f"{r.a[1]} − {r.b[1]}"] + [f"{statistics.mean(r.differences[position[s]] for s in seeds):+.2f} "
+                                         f"({len(seeds)})" for seeds in kinds.values()] for r in family]
+    return ("Primary differences per machine kind (mean over its blocks; descriptive):\n\n"
+            + sweep.markdown_table(["comparison at depth 48"] + list(kinds), rows))
+
+
 def write_report(out: str = OUT, command: str = "python experiments/mnist1d_study.py") -> str:
     records = finished_records(out)
     result = analyse(records)
@@ -411,6 +448,8 @@ def write_report(out: str = OUT, command: str = "python experiments/mnist1d_stud
             kinds.setdefault(b.kinds[0], []).append(b.seed)
         parts.append("\n## Machine kinds of the analysed blocks\n\n" + "".join(
             f"- {kind}: seeds {', '.join(map(str, s))}\n" for kind, s in kinds.items()))
+        if len(kinds) > 1:
+            parts.append("\n" + _per_kind_table(result["families"][f"depth {DEEP}: selected"], done, kinds))
     unfinished = [b for b in all_blocks.values() if not b.complete]
     if unfinished:
         parts.append("\nBlocks not complete (not analysed): " + "; ".join(
@@ -468,6 +507,9 @@ def write_figure(out: str = OUT) -> str | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+PREREGISTRATION = preregistration_text() if NUM_SEEDS else ""
 
 
 def write_preregistration(out: str = OUT) -> str:

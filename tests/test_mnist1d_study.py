@@ -17,7 +17,8 @@ INTEL, AMD = "Intel(R) Xeon(R) Processor, family 6 model 207", "AMD EPYC, family
 
 def _record(run, val, test, kind=INTEL, diverged=False, loss=1.0):
     cpu, family = kind.split(", ")
-    return {"run_id": run.run_id, "seed": run.seed, "depth": run.depth, "scheme": run.scheme, "num_train": run.num_train,
+    return {"run_id": run.run_id, "seed": run.seed, "depth": run.depth, "scheme": run.scheme,
+            "num_train": run.num_train,
             "learning_rate": run.learning_rate, "final_val_accuracy": val / 1000, "final_test_accuracy": test / 100,
             "final_test_loss": loss, "diverged": diverged, "machine": {"cpu": cpu, "cpu_family_model": family}}
 
@@ -153,3 +154,32 @@ def test_pilot_size_rule():
     choice = pilot.size_choice(records({2000: 91.0, 4000: 93.0, 8000: 95.0}))
     assert (choice["size"], choice["in_target"]) == (2000, False)
     assert pilot.size_choice(records({2000: 81.0, 4000: 86.0, 8000: 89.0})[1:]) is None   # stage 1 unfinished
+
+
+def test_registered_numbers_are_the_pilots():
+    """Every number the pre-registration takes from the pilot recomputed from its committed records."""
+    import statistics
+
+    import sweep
+    records = sweep.load_records(pilot.OUT)
+    choice = pilot.size_choice(records)
+    assert (choice["size"], choice["rate"]) == (study.NUM_TRAIN, 0.005) and choice["rate"] in study.RATES
+    result = pilot.spread(records)
+    assert round(result["difference_sd"], 2) == study.PILOT_DIFFERENCE_SD and result["df"] == study.PILOT_DF
+    assert pilot.seeds(result)["n"] == study.PILOT_RULE_SEEDS
+    for depth, sd in study.PILOT_SD_BY_DEPTH.items():
+        assert round(result["per_depth"][depth]["sd"], 2) == sd
+    deep = result["per_depth"][study.DEEP]
+    assert round(statistics.mean(deep["differences"]), 2) == study.PILOT_DEEP_MEAN_DIFFERENCE
+    assert round(statistics.stdev(deep["values"]["layerscale"].values()), 2) == study.PILOT_LAYERSCALE_DEEP_SD
+    for depth, seconds in study.PILOT_CPU_SECONDS.items():
+        assert round(statistics.mean(r["cpu_seconds"] for r in records if r["depth"] == depth), 1) == seconds
+    assert study.NUM_SEEDS * study.block_cpu_seconds() <= study.BUDGET_CPU_HOURS * 3600
+    assert (study.NUM_SEEDS + 1) * study.block_cpu_seconds() > study.BUDGET_CPU_HOURS * 3600
+
+
+def test_the_committed_preregistration_is_the_drivers():
+    with open(os.path.join(study.OUT, "preregistration.md")) as f:
+        assert f.read() == study.PREREGISTRATION
+    with open(os.path.join(pilot.OUT, "preregistration.md")) as f:
+        assert f.read() == pilot.RULES

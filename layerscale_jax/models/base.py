@@ -37,7 +37,8 @@ def check_images(images: jnp.ndarray, cfg: ArchConfig, model_name: str) -> None:
 
 
 def embed_patches(model: nnx.Module, images: jnp.ndarray) -> jnp.ndarray:
-    """Checked NHWC images (or signals) → patch tokens plus the position embedding, float32 ``(batch, num_patches, dim)``."""
+    """Checked NHWC images (or signals) → patch tokens plus the position embedding, float32
+    ``(batch, num_patches, dim)``."""
     cfg = model.cfg
     check_images(images, cfg, type(model).__name__)
     images = constrain(images.astype(DTYPES[cfg.dtype]), ("batch",) + (None,) * (images.ndim - 1))
