@@ -1,12 +1,16 @@
 """The study's runs (``experiments/classifier_run.train_classifier``, the train loop's record mode) give the records
-committed in ``tests/fixtures/record_mode.json`` to the last bit: every field but the wall-clock ones (``seconds``,
+committed in ``tests/fixtures/record_mode*.json`` to the last bit: every field but the wall-clock ones (``seconds``,
 ``timing``), for a few depth-6 runs built as the depth ablation builds them (``depth_ablation_runs.train_run``), one of
-them diverging. The fixture was written by the study's own loop before it became the train loop's record mode, so
-committed study records stay what the code gives.
+them diverging. The first fixture was written by the study's own loop before it became the train loop's record mode,
+so committed study records stay what the code gives.
 
-The runs train in a subprocess with the study's environment (one CPU device, XLA's default optimisation), not the
-test session's (``conftest.py``: 8 devices, backend optimisation off). Regenerate (only when a change of the numbers
-is intended, naming it in the commit):
+XLA's CPU code differs between CPU generations, and with it the last bits of float32 results, so each fixture holds
+the records of one machine kind (its ``machine``: CPU model and generation, threads) and the test compares with the
+fixture of the kind it runs on; a kind without a fixture is skipped, naming the kind and the command that adds one
+(run it at a commit whose numbers are known good: the fixtures agree with each other in every decision, they differ
+in the last bits only). The runs train in a subprocess with the study's environment (one CPU device, XLA's default
+optimisation), not the test session's (``conftest.py``: 8 devices, backend optimisation off). Regenerate this kind's
+(only when a change of the numbers is intended, naming it in the commit):
 
     python tests/test_record_mode.py --write
 """
@@ -19,7 +23,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURE = os.path.join(ROOT, "tests", "fixtures", "record_mode.json")
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 WALL_CLOCK = ("seconds", "timing")
 
 # (run spec fields, sizing fields, overrides): depth_ablation_runs.RunSpec(depth, scheme, warmup, seed, learning_rate,
@@ -68,12 +72,35 @@ def _study_environment() -> dict:
     return {**env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
 
 
+def machine_kind() -> tuple:
+    """What a fixture is specific to: CPU model, generation and the threads XLA may use."""
+    from layerscale_jax.bench.timing import cpu_family_model, cpu_model
+    return cpu_model(), cpu_family_model(), len(os.sched_getaffinity(0))
+
+
+def fixture_path(kind: tuple) -> str:
+    """This kind's fixture: ``record_mode.json`` for the kind that wrote the first, else one named by the kind."""
+    first = os.path.join(FIXTURES, "record_mode.json")
+    with open(first) as f:
+        m = json.load(f)["machine"]
+    if (m["cpu"], m["cpu_family_model"], m["cpu_threads"]) == kind:
+        return first
+    name = "_".join(str(part) for part in kind[1:]).replace(" ", "")
+    return os.path.join(FIXTURES, f"record_mode_{name}threads.json")
+
+
 @pytest.mark.slow
 def test_the_study_runs_give_the_committed_records_to_the_last_bit(tmp_path):
+    kind = machine_kind()
+    path = fixture_path(kind)
+    if not os.path.exists(path):
+        pytest.skip(f"no record-mode fixture for {kind} (CPU, generation, threads): the last bits differ between "
+                    f"CPU kinds; add {os.path.relpath(path, ROOT)} with `python tests/test_record_mode.py --write` "
+                    "at a commit whose numbers are known good")
     out = tmp_path / "records.json"
     subprocess.run([sys.executable, __file__, "--out", str(out)], check=True, env=_study_environment(), cwd=ROOT,
                    timeout=900)
-    with open(FIXTURE) as f:
+    with open(path) as f:
         committed = json.load(f)["records"]
     records = json.loads(out.read_text())["records"]
     assert [r["run_id"] for r in records] == [r["run_id"] for r in committed]
@@ -97,8 +124,8 @@ def _write(path: str, note: str | None) -> None:
 if __name__ == "__main__":
     import argparse
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help=f"write {FIXTURE}")
+    parser.add_argument("--write", action="store_true", help="write this machine kind's fixture")
     parser.add_argument("--out", help="write the records here (the test's run)")
     parser.add_argument("--note", help="the fixture's produced_by: the command and commit")
     args = parser.parse_args()
-    _write(FIXTURE if args.write else args.out, args.note)
+    _write(fixture_path(machine_kind()) if args.write else args.out, args.note)
