@@ -20,7 +20,13 @@ A preemption notice (SIGTERM) or Ctrl-C, from the first second on, stops every p
 step, with a checkpoint when there is new state (``layerscale_jax.runtime.StopSignals``; docs/multihost.md,
 "Preemption"); the rerun resumes from it. Exit status: 0 when the run finished (or ``train.stop_after_steps`` ended
 it), 143 when a preemption notice stopped it and 130 when Ctrl-C did (rerun to resume), 2 for a user error. A
-second Ctrl-C stops at once, without saving (exit status 130).
+second Ctrl-C stops at once, without saving (exit status 130). A watcher thread acts on the signals while the main
+thread is inside XLA: a process of its own that has not reached its first step (start-up, restore, compile, all of
+``--compile_for``) has nothing new to save and ends at once (``runtime/signals.py``).
+
+A process of a multi-process job says what it waits for as it connects (the coordinator's address, its process id
+and the count) and gives up after ``--connect_timeout`` seconds (default 300) with one ``error:`` line (exit status
+2); a stop signal while it waits ends it within 20 s.
 """
 from __future__ import annotations
 
@@ -31,12 +37,16 @@ import sys
 import traceback
 
 from layerscale_jax.runtime import reexec_with_fast_malloc, stop_signals
+from layerscale_jax.runtime.signals import INTERRUPTED_MESSAGE
 
 # Before anything allocates: a malloc that keeps XLA's per-step CPU buffers (see layerscale_jax/runtime/malloc.py).
 # Then, before the rest starts, the stop signals' handlers: a preemption notice during start-up is not lost.
 if __name__ == "__main__":
     reexec_with_fast_malloc()
     stop_signals.install()
+    # A stop signal acts even while the main thread is inside XLA (runtime/signals.py); one that comes before a
+    # multi-process job's connect waits for it (main() says for sure once the command is parsed).
+    stop_signals.watch(joins_job=any(arg.startswith(("--distributed", "--coordinator_address")) for arg in sys.argv))
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -46,11 +56,10 @@ from layerscale_jax.errors import UserError  # noqa: E402
 from layerscale_jax.paths import as_path  # noqa: E402
 from layerscale_jax.train.config import (CONFIG_FLAG, Experiment, check_override_paths, load_config,  # noqa: E402
                                          validate_experiment_config)
-from layerscale_jax.train.launch import accelerator_line, missing_accelerator_package, resolve_launch  # noqa: E402
+from layerscale_jax.train.launch import (DEFAULT_CONNECT_TIMEOUT, accelerator_line, describe_connect,  # noqa: E402
+                                         missing_accelerator_package, resolve_launch)
 
 EXIT_INTERRUPTED = 130                        # 128 + SIGINT, as a shell reports a Ctrl-C
-INTERRUPTED_MESSAGE = ("interrupted by a second Ctrl-C: stopped at once, without saving; rerun the command to resume "
-                       "from the last checkpoint")
 EXIT_PREEMPTED = 143                          # 128 + SIGTERM: stopped by a preemption notice, rerun to resume
 _HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 
@@ -68,6 +77,9 @@ def _define_flags(flag_values: flags.FlagValues) -> None:
                         flag_values=flag_values)
     flags.DEFINE_integer("num_processes", None, "Number of processes in the job.", flag_values=flag_values)
     flags.DEFINE_integer("process_id", None, "This process's index in the job.", flag_values=flag_values)
+    flags.DEFINE_float("connect_timeout", DEFAULT_CONNECT_TIMEOUT, "Seconds a process of a multi-process job waits for "
+                       "all of the job's processes to connect to its coordinator before it gives up (exit status 2).",
+                       flag_values=flag_values)
     flags.DEFINE_string("local_device_ids", None, "The devices this process uses: 'all' or '0,1,...' (default: one "
                         "GPU per process when several processes share a node's GPUs, else all; "
                         "layerscale_jax/train/launch.py).", flag_values=flag_values)
@@ -176,6 +188,12 @@ def main(argv: list[str]) -> int:
     launch = resolve_launch(distributed=parsed.distributed, coordinator_address=parsed.coordinator_address,
                             num_processes=parsed.num_processes, process_id=parsed.process_id,
                             local_devices=parsed.local_device_ids, environ=os.environ)
+    if not parsed.connect_timeout > 0:       # nan, 0 or negative
+        raise UserError(f"--connect_timeout={parsed.connect_timeout:g}: give the seconds (> 0) a process waits for "
+                        "the job's processes to connect")
+    stop_signals.watch(deadline=experiment.train.stop_deadline_seconds, joins_job=launch is not None)
+    if parsed.compile_for:
+        stop_signals.starting(f"stopped: --compile_for {parsed.compile_for} did not finish; nothing to report")
     import jax
 
     if parsed.compile_for and not os.environ.get("JAX_PLATFORMS"):
@@ -186,8 +204,14 @@ def main(argv: list[str]) -> int:
             raise UserError(missing)
         # Cross-process collectives for CPU-only jobs (tests, debugging); GPUs and TPUs use their own.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        waiting_for, gave_up = describe_connect(launch, parsed.connect_timeout, os.environ)
         try:
-            jax.distributed.initialize(**launch.initialize_kwargs())
+            with stop_signals.connecting(waiting_for, parsed.connect_timeout, gave_up):
+                print(f"waiting for {waiting_for}, at most {parsed.connect_timeout:g} s (--connect_timeout)",
+                      flush=True)
+                # JAX's own timeout, which aborts the process with a trace, comes after the watcher's clean one.
+                jax.distributed.initialize(**launch.initialize_kwargs(),
+                                           initialization_timeout=int(parsed.connect_timeout) + 60)
         except ValueError as err:            # JAX found no launcher to read the job from
             raise UserError(f"--distributed: {err} (no SLURM, torchrun-style, Open MPI, Kubernetes or Cloud TPU "
                             "environment found); pass --coordinator_address HOST:PORT --num_processes N "

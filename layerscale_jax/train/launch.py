@@ -20,6 +20,13 @@ on a port from the job id, or ``JAX_COORDINATOR_PORT`` — the process count and
 Kubernetes' PyTorchJob, many cluster wrappers), whose coordinator is ``MASTER_ADDR`` on ``MASTER_PORT + 1`` under
 torchrun itself (its agent's rendezvous store listens on ``MASTER_PORT``) and on ``MASTER_PORT`` otherwise, unless
 ``JAX_COORDINATOR_PORT`` is set; Cloud TPU, Open MPI, Kubernetes: JAX's detection; or the three flags.
+
+The connect (``jax.distributed.initialize``) waits until every process of the job has reached the coordinator, which
+process 0 runs. Each process says what it waits for as it starts waiting (``describe_connect``: the coordinator's
+address, its process id and the process count) and gives up after ``--connect_timeout`` seconds (default
+``DEFAULT_CONNECT_TIMEOUT``, JAX's own) with one ``error:`` line and exit status 2; JAX's timeout, which aborts the
+process with a trace ("another task died"), is set a minute later. A stop signal while it waits ends it within
+``runtime.signals.CONNECT_GRACE_SECONDS`` (sooner when the connect completes: then the job stops at one point).
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from typing import Mapping
 
 from layerscale_jax.errors import UserError
 
+DEFAULT_CONNECT_TIMEOUT = 300.0        # seconds; jax.distributed.initialize's own initialization_timeout
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -138,6 +146,31 @@ def resolve_launch(*, distributed: bool, coordinator_address: str | None, num_pr
         return Launch("torchrun", f"{environ['MASTER_ADDR']}:{port}", _int(environ, "WORLD_SIZE"),
                       _int(environ, "RANK"), devices)
     return Launch("slurm" if slurm else "auto", None, num_processes, process_id, devices)
+
+
+def describe_connect(launch: Launch, timeout: float, environ: Mapping[str, str]) -> tuple[str, str]:
+    """What a process waits for while the job connects (``the coordinator at HOST:PORT as process 1 of 2 (SLURM)``),
+    and the ``error:`` line it gives up with after ``timeout`` seconds."""
+    address, count, index = launch.coordinator_address, launch.num_processes, launch.process_id
+    address = address or environ.get("JAX_COORDINATOR_ADDRESS")
+    if launch.source == "slurm":               # JAX's own SLURM detection, from the environment alone
+        try:
+            from jax._src.clusters.slurm_cluster import SlurmCluster
+            address = address or SlurmCluster.get_coordinator_address(None, environ.get("JAX_COORDINATOR_PORT"))
+            count = SlurmCluster.get_process_count() if count is None else count
+            index = SlurmCluster.get_process_id() if index is None else index
+        except Exception:                      # noqa: BLE001 - only the description is missing then
+            pass
+    source = {"flags": "--coordinator_address", "slurm": "SLURM", "torchrun": "RANK/WORLD_SIZE/MASTER_ADDR",
+              "auto": "JAX's detection"}[launch.source]
+    where = f"the coordinator at {address}" if address else "the job's coordinator"
+    who = f"process {index} of {count}" if index is not None and count is not None else "this process"
+    waiting_for = f"{where} as {who} ({source}; process 0 runs the coordinator)"
+    gave_up = (f"error: --distributed: {who} could not join the job: {where} did not see all "
+               f"{count if count is not None else 'its'} processes connect within {timeout:g} s (--connect_timeout); "
+               "start every process of the job (process 0 runs the coordinator), check the address, or raise "
+               "--connect_timeout")
+    return waiting_for, gave_up
 
 
 def missing_accelerator_package(chips: tuple[int, str | None] | None = None, nvidia: bool | None = None) -> str | None:

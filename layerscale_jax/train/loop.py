@@ -244,6 +244,7 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary) ->
     batches = Batches(experiment.data, tc, trainer.mesh, start.data_state)
     # The train step compiles here, before its first run: a stop signal during start-up, restore or this compile
     # (minutes for a large model on a pod) ends the job before that step, with nothing new to save.
+    stop_signals.starting(f"stopped before step {start.step + 1}: nothing new to save")
     trainer.train_step.lower(start.state, batches.first).compile()
     if stop_signals.stopped_before(start.step + 1) or stop_signals.requested_anywhere():
         batches.close()

@@ -47,6 +47,7 @@ import uuid
 from typing import Callable, Mapping
 
 from layerscale_jax.paths import as_path, is_url, write_text_atomically
+from layerscale_jax.runtime import stop_signals
 from layerscale_jax.train.workdir import WorkdirError, _cause
 
 HEARTBEAT_SECONDS = 60.0
@@ -212,6 +213,7 @@ class WorkdirLock:
                         "job": self._job}
         self._write(replace=holder is not None or damage is not None)
         self.held = True
+        stop_signals.before_exit(self.release)    # a stop that ends the process from its watcher releases it too
         self._stop_heartbeat.clear()
         self._thread = threading.Thread(target=self._beat_until_released, name="workdir-lock-heartbeat", daemon=True)
         self._thread.start()
@@ -301,6 +303,7 @@ class WorkdirLock:
 
     def release(self) -> None:
         """Stop the heartbeat and remove the lock if this job still holds it. Never raises (module docstring)."""
+        stop_signals.discard_before_exit(self.release)
         self._stop_heartbeat.set()
         if self._thread is not None:
             self._thread.join()

@@ -1,0 +1,220 @@
+"""Stop signals that do not wait for XLA, and a distributed connect that cannot hang silently.
+
+Python runs signal handlers only between bytecodes of the main thread; the train command's watcher thread
+(``runtime.signals``: ``set_wakeup_fd``) acts while the main thread is inside a long C call. The tests block the main
+thread in one (``libc.sleep`` through ctypes, which releases the GIL as XLA's compile does) at the point the job is
+in: the train step's compile (``jax.stages.Lowered.compile``), a save (``Checkpointer.save``), ``--compile_for``'s
+compile, or the distributed connect (a coordinator that never comes). Without the watcher each of them ended only
+when the C call returned (10 minutes here; a deep model's compile: 156 s in issue 49). Time bounds are generous and
+only guard against that wait: what is checked is the exit status and the last lines.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from layerscale_jax import cli as cli_lib
+from layerscale_jax.runtime import signals as signals_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "tests", "configs", "tiny_synthetic.py")
+BLOCKED = "blocked in a C call"           # what the patched function prints before it blocks
+AT_ONCE = 60                              # seconds: "at once" (the C call blocks for 600)
+
+# The train command, with ``target`` (module:attribute path of a function) replaced by one that prints BLOCKED and
+# sleeps in C for 10 minutes before calling the original.
+PROGRAM = """
+import ctypes, importlib, runpy, signal, sys
+module_name, qualname = sys.argv[1].split(":")
+owner = importlib.import_module(module_name)
+*path, name = qualname.split(".")
+for part in path:
+    owner = getattr(owner, part)
+original = getattr(owner, name)
+def blocked(*args, **kwargs):
+    print("{blocked}", file=sys.stderr, flush=True)
+    # As in XLA, the main thread does not come back to Python until the call returns: the signals go to another
+    # thread (else sleep() would end early, EINTR, and Python would run the handler).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGINT, signal.SIGTERM}})
+    try:
+        ctypes.CDLL(None).sleep(600)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    return original(*args, **kwargs)
+setattr(owner, name, blocked)
+sys.argv = ["layerscale_jax.train"] + sys.argv[2:]
+runpy.run_module("layerscale_jax.train", run_name="__main__", alter_sys=True)
+""".format(blocked=BLOCKED)
+
+pytestmark = [pytest.mark.slow]
+
+
+def env(**extra):
+    base = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1", LAYERSCALE_JAX_MALLOC="system",
+                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return {**base, **extra}
+
+
+def start(target, *args, **environ):
+    return subprocess.Popen([sys.executable, "-c", PROGRAM, target, *args], env=env(**environ), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_line(proc, text, timeout=600) -> list[str]:
+    """stderr's lines up to the first that contains ``text`` (the process must still run)."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return lines
+    proc.kill()
+    raise AssertionError(f"no line with {text!r}:\n" + "".join(lines) + proc.stdout.read())
+
+
+def signal_and_finish(proc, *signums, seen=None) -> tuple[int, float, str, str]:
+    """Send the signals (each after the previous one's line ``seen``), wait: (status, seconds from the last signal
+    to the exit, stdout, the rest of stderr)."""
+    for i, signum in enumerate(signums):
+        if i:
+            wait_for_line(proc, seen)
+        sent = time.monotonic()
+        proc.send_signal(signum)
+    try:
+        out, err = proc.communicate(timeout=AT_ONCE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"still running {AT_ONCE} s after the signal:\n{out}\n{err}")
+    return proc.returncode, time.monotonic() - sent, out, err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl_c"])
+def test_a_stop_signal_during_the_train_steps_compile_ends_the_process_at_once(tmp_path, signum):
+    workdir = str(tmp_path / "run")
+    proc = start("jax.stages:Lowered.compile", f"--config={TINY}:steps=24", f"--workdir={workdir}")
+    wait_for_line(proc, BLOCKED)
+    status, seconds, out, err = signal_and_finish(proc, signum)
+    lines = (out + err).strip().splitlines()
+    assert status == 128 + signum, out + err
+    assert lines[-1] == "stopped before step 1: nothing new to save", lines
+    assert lines[-2].startswith(f"received {signal.Signals(signum).name} while the job was starting"), lines
+    assert "Traceback" not in err
+    assert not os.path.exists(os.path.join(workdir, "lock.json"))      # released on the way out
+    assert not os.listdir(os.path.join(workdir, "checkpoints"))
+
+
+def test_a_second_ctrl_c_during_a_save_stops_at_once(tmp_path):
+    """The first Ctrl-C waits for the save in progress (new state: the stop is the loop's); the second ends the
+    process at once, releasing the workdir."""
+    workdir = str(tmp_path / "run")
+    proc = start("layerscale_jax.train.checkpoint:Checkpointer.save", f"--config={TINY}:steps=24",
+                 f"--workdir={workdir}", "--config.train.checkpoint_every=4")
+    wait_for_line(proc, BLOCKED)
+    status, seconds, out, err = signal_and_finish(proc, signal.SIGINT, signal.SIGINT, seen="received SIGINT")
+    assert status == 130, out + err
+    assert err.strip().splitlines()[-1] == signals_lib.INTERRUPTED_MESSAGE, err
+    assert "Traceback" not in err
+    assert not os.path.exists(os.path.join(workdir, "lock.json"))
+
+
+def test_a_stop_that_cannot_end_within_the_stop_deadline_ends_the_process_then(tmp_path):
+    workdir = str(tmp_path / "run")
+    proc = start("layerscale_jax.train.checkpoint:Checkpointer.save", f"--config={TINY}:steps=24",
+                 f"--workdir={workdir}", "--config.train.checkpoint_every=4", "--config.train.stop_deadline_seconds=3")
+    wait_for_line(proc, BLOCKED)
+    status, seconds, out, err = signal_and_finish(proc, signal.SIGTERM)
+    assert status == 143, out + err
+    assert err.strip().splitlines()[-1].startswith(
+        "stopped without saving: the stop did not end within train.stop_deadline_seconds=3 of the SIGTERM"), err
+    assert seconds >= 3
+    assert not os.path.exists(os.path.join(workdir, "lock.json"))
+
+
+def test_a_ctrl_c_during_compile_for_ends_it_at_once_and_not_with_status_0(tmp_path):
+    """Issue 49: it printed "received SIGINT ... with a checkpoint if there is new state", compiled on, exited 0."""
+    proc = start("jax.stages:Lowered.compile", f"--config={TINY}", "--compile_for", "v5e-4")
+    wait_for_line(proc, BLOCKED)
+    status, seconds, out, err = signal_and_finish(proc, signal.SIGINT)
+    assert status == 130, out + err
+    assert err.strip().splitlines()[-1] == "stopped: --compile_for v5e-4 did not finish; nothing to report", err
+
+
+def test_the_watcher_ends_a_process_blocked_in_c_and_runs_its_cleanups(tmp_path):
+    """The mechanism alone: a process whose main thread sleeps in C gets SIGTERM."""
+    marker = tmp_path / "cleaned"
+    program = ("import ctypes, pathlib, signal, sys\n"
+               "from layerscale_jax.runtime import stop_signals\n"
+               "stop_signals.install(); stop_signals.watch()\n"
+               "stop_signals.starting('stopped before step 7: nothing new to save')\n"
+               f"stop_signals.before_exit(lambda: pathlib.Path({str(marker)!r}).write_text('yes'))\n"
+               f"print({BLOCKED!r}, file=sys.stderr, flush=True)\n"
+               "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})\n"
+               "ctypes.CDLL(None).sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", program], env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for_line(proc, BLOCKED)
+    status, seconds, out, err = signal_and_finish(proc, signal.SIGTERM)
+    assert status == 143 and err.strip().splitlines()[-1] == "stopped before step 7: nothing new to save", err
+    assert marker.read_text() == "yes"
+
+
+# -- the distributed connect -----------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def lone_slurm_task(tmp_path, *args):
+    """Process 1 of a 2-task SLURM job started alone: its coordinator (process 0) never comes."""
+    slurm = {"SLURM_JOB_ID": "79", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
+             "SLURM_LOCALID": "0", "JAX_COORDINATOR_PORT": str(free_port())}
+    return subprocess.Popen([sys.executable, "-m", "layerscale_jax.train", f"--config={TINY}",
+                             f"--workdir={tmp_path / 'run'}", "--distributed", *args], env=env(**slurm), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), slurm["JAX_COORDINATOR_PORT"]
+
+
+def test_a_process_whose_coordinator_never_comes_says_so_and_gives_up_in_one_line(tmp_path):
+    """Issue 49: it printed nothing and aborted after 286 s with a 17-line absl trace (rc 134)."""
+    proc, port = lone_slurm_task(tmp_path, "--connect_timeout=5")
+    out, err = proc.communicate(timeout=AT_ONCE + 5)
+    assert out.splitlines()[0].startswith(f"waiting for the coordinator at localhost:{port} as process 1 of 2"), out
+    assert proc.returncode == 2, err
+    assert err.strip().splitlines() == [
+        f"error: --distributed: process 1 of 2 could not join the job: the coordinator at localhost:{port} did not "
+        "see all 2 processes connect within 5 s (--connect_timeout); start every process of the job (process 0 "
+        "runs the coordinator), check the address, or raise --connect_timeout"], err
+
+
+def test_a_stop_signal_while_waiting_for_the_coordinator_ends_the_process(tmp_path):
+    """Issue 49: SIGTERM was ignored until JAX's own timeout (286 s). The process gives the connect
+    ``CONNECT_GRACE_SECONDS`` to complete (then every process of the job stops at one point), then stops."""
+    proc, port = lone_slurm_task(tmp_path)
+    assert proc.stdout.readline().startswith("waiting for the coordinator")
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=signals_lib.CONNECT_GRACE_SECONDS + AT_ONCE)
+    assert proc.returncode == 143, err
+    assert time.monotonic() - sent < signals_lib.CONNECT_GRACE_SECONDS + AT_ONCE
+    assert err.strip().splitlines()[-1] == (f"stopped while waiting for the coordinator at localhost:{port} as "
+                                            "process 1 of 2 (SLURM; process 0 runs the coordinator): nothing new "
+                                            "to save"), err
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "nan"])
+def test_a_bad_connect_timeout_is_one_error_line_naming_the_flag(tmp_path, value):
+    from layerscale_jax.train.__main__ import main
+    import io
+    import contextlib
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        status = cli_lib.run_cli(main, [f"--config={TINY}", f"--workdir={tmp_path}", f"--connect_timeout={value}"])
+    assert status == 2 and stderr.getvalue().startswith(f"error: --connect_timeout={value}"), stderr.getvalue()
