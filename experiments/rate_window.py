@@ -244,8 +244,8 @@ def simulate_detectable(result: cait_claims.ClaimResult) -> cait_claims.ClaimRes
     takes the SDs as known. Post hoc: it states resolution and decides nothing."""
     tests = sum(len(c.tests()) for c in result.comparisons)
     for c in result.comparisons:
-        c.detectable = (cait_claims.simulated_detectable_pair(c.spread, tests, ALPHA, POWER, SIMULATION_DRAWS) if c.spread
-                        else None)
+        c.detectable = (cait_claims.simulated_detectable_pair(c.spread, tests, ALPHA, POWER, SIMULATION_DRAWS)
+                        if c.spread else None)
     return result
 
 
@@ -484,7 +484,8 @@ def write_figure(out: str = OUT) -> str:
     for ax in axes[-1]:
         ax.set_xlabel("learning rate", fontsize=8)
     decided = {e: (r.verdict if complete else "interim") for e, (r, complete) in analyse(records).items()}
-    fig.suptitle(plots.wrap(f"Validation accuracy below each seed's best run (seeds {', '.join(map(str, SEEDS))}, offset; "
+    seeds = ", ".join(map(str, SEEDS))
+    fig.suptitle(plots.wrap(f"Validation accuracy below each seed's best run (seeds {seeds}, offset; "
                  f"filled, right of each rate: depth {DEEP}; open, left: depth {SHALLOW}; x, past the dashed break: "
                  f"diverged). Shaded: within {WINDOW_POINTS:g} point, the window; dotted: one evaluation's binomial "
                  f"SE, {se:.2f} points at {100 * best_accuracy(records):.1f}% on {VALIDATION_IMAGES} images — the "

@@ -65,7 +65,8 @@ def test_the_committed_one_rate_reports_disclose_the_confound_the_records_give_a
     exclusive = machines.exclusive_depths(one_rate, LAYERSCALE)
     assert {d: k for d, k in exclusive.items()} == {
         6: ("AMD EPYC, family 25 model 1",), 24: ("AMD EPYC, family 25 model 1",),
-        48: ("Intel(R) Xeon(R) Processor, family 6 model 167",), 96: ("Intel(R) Xeon(R) Processor, family 6 model 167",)}
+        48: ("Intel(R) Xeon(R) Processor, family 6 model 167",),
+        96: ("Intel(R) Xeon(R) Processor, family 6 model 167",)}
     assert machines.exclusive_depths(per_depth, LAYERSCALE) == {}
     note = machines.confound_note(one_rate, LAYERSCALE, TWIN, _accuracy)
     for name in ("table.md", "comparisons.md", "claims.md", "convergence.md", "nll.md"):

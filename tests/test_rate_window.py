@@ -280,7 +280,6 @@ def test_the_write_ups_quote_the_decided_report():
     comparisons = set()
     for endpoint, (result, _) in results.items():
         differences = [c.accuracy.difference for c in result.comparisons if c.accuracy]
-        detectable = [x for c in result.comparisons if c.detectable for x in c.detectable]
         comparisons |= {(round(c.accuracy.difference, 2), round(c.accuracy.ci_low, 2), round(c.accuracy.ci_high, 2))
                         for c in result.comparisons if c.accuracy}
         span = f"{min(differences):+.2f} … {max(differences):+.2f}"
