@@ -183,3 +183,26 @@ def test_the_committed_preregistration_is_the_drivers():
         assert f.read() == study.PREREGISTRATION
     with open(os.path.join(pilot.OUT, "preregistration.md")) as f:
         assert f.read() == pilot.RULES
+
+
+def test_the_write_ups_quote_the_registered_numbers():
+    """README's and experiments/README's MNIST-1D paragraphs quote the pilot's and the registration's numbers as
+    the code computes them."""
+    import statistics
+
+    import sweep
+    result = pilot.spread(sweep.load_records(pilot.OUT))
+    root = study.m1.ROOT
+    size = pilot.size_choice(sweep.load_records(pilot.OUT))["sizes"][study.NUM_TRAIN][1]
+    for name in ("README.md", os.path.join("experiments", "README.md")):
+        with open(os.path.join(root, name)) as f:
+            text = f.read()
+        deep = result["per_depth"][study.DEEP]["values"]
+        for quoted in (f"{size:.1f}% validation", f"{statistics.mean(deep['layerscale'].values()):.1f}%",
+                       f"{statistics.mean(deep['none'].values()):.1f}%",
+                       f"{study.PILOT_SD_BY_DEPTH[study.SHALLOW]:.2f} points at depth 6",
+                       f"{study.PILOT_SD_BY_DEPTH[study.DEEP]:.2f} at 48", f"{study.PILOT_RULE_SEEDS} seeds",
+                       f"{study.NUM_SEEDS} blocks", f"{study.detectable(study.PILOT_SD_BY_DEPTH[study.DEEP]):.2f} points",
+                       f"{study.detectable(study.PILOT_SD_BY_DEPTH[study.SHALLOW], 2):.2f} at depth 6",
+                       f"{study.detectable(study.ASSUMED_DEEP_PAIR_SD):.2f} for LayerScale"):
+            assert quoted in text, (name, quoted)
