@@ -16,7 +16,6 @@ if __name__ == "__main__":   # before any allocation: a malloc keeping XLA's buf
     from layerscale_jax.runtime import reexec_with_fast_malloc
     reexec_with_fast_malloc()
 
-import argparse
 import math
 import os
 import statistics
@@ -244,24 +243,18 @@ def write_report(out: str = OUT) -> str:
     return text
 
 
+def train(which_shard: str | None) -> None:
+    """Stage 1's share of this shard, then (once every shard has finished stage 1) stage 2's."""
+    m1.run_all(sweep.shard(stage1_runs(), which_shard), OUT)
+    while size_choice(_records()) is None:     # another shard is finishing stage 1
+        time.sleep(10)
+    m1.run_all(sweep.shard(stage2_runs(_records()), which_shard), OUT)
+
+
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shard", default=None, metavar="I/N", help="train only shard I of N; no report")
-    parser.add_argument("--report", action="store_true", help="only write report.md from the finished runs")
-    args = parser.parse_args(argv)
-    try:
-        if args.shard:
-            sweep.parse_shard(args.shard)
-        sweep.write_preregistration(OUT, RULES, "mnist1d_pilot.RULES")
-    except ValueError as e:
-        sys.exit(f"error: {e}")
-    if not args.report:
-        m1.run_all(sweep.shard(stage1_runs(), args.shard), OUT)
-        while size_choice(_records()) is None:     # another shard is finishing stage 1
-            time.sleep(10)
-        m1.run_all(sweep.shard(stage2_runs(_records()), args.shard), OUT)
-    if not args.shard:
-        print(write_report())
+    sweep.registered_study_command(argv, __doc__.split("\n\n")[0],
+                                   lambda: sweep.write_preregistration(OUT, RULES, "mnist1d_pilot.RULES"), train,
+                                   write_report)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ if __name__ == "__main__":   # before any allocation: a malloc keeping XLA's buf
     from layerscale_jax.runtime import reexec_with_fast_malloc
     reexec_with_fast_malloc()
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -184,22 +183,14 @@ def write_preregistration(out: str = OUT) -> str:
     return sweep.write_preregistration(out, PREREGISTRATION, "rate_stability.PREREGISTRATION")
 
 
+def report() -> str:
+    text = write_report()
+    write_figure()
+    return text
+
+
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shard", default=None, metavar="I/N", help="train only shard I of N; no report")
-    parser.add_argument("--report", action="store_true", help="only write the report from finished runs")
-    args = parser.parse_args(argv)
-    try:
-        if args.shard:
-            sweep.parse_shard(args.shard)
-        write_preregistration()
-    except ValueError as e:
-        sys.exit(f"error: {e}")
-    if not args.report:
-        run(args.shard)
-    if not args.shard:
-        print(write_report())
-        write_figure()
+    sweep.registered_study_command(argv, __doc__.split("\n\n")[0], write_preregistration, run, report)
 
 
 if __name__ == "__main__":

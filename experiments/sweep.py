@@ -269,6 +269,31 @@ def write_preregistration(out: str, text: str, owner: str) -> str:
     return path
 
 
+def registered_study_command(argv, description: str, register: Callable[[], object],
+                             train: Callable[[str | None], object], report: Callable[[], str]) -> None:
+    """The command line of a pre-registered study: ``--shard I/N`` trains shard I of N and writes no report,
+    ``--report`` only writes the report from the finished runs, neither trains everything missing then reports.
+    ``register()`` writes the pre-registration first (a design that differs from the committed one is refused);
+    a bad ``--shard`` or a changed design is one ``error:`` line and exit status 2."""
+    import argparse
+    import sys
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--shard", default=None, metavar="I/N", help="train only shard I of N; no report")
+    parser.add_argument("--report", action="store_true", help="only write the report from the finished runs")
+    args = parser.parse_args(argv)
+    try:
+        if args.shard:
+            parse_shard(args.shard)
+        register()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if not args.report:
+        train(args.shard)
+    if not args.shard:
+        print(report())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Tables and plots
 # ---------------------------------------------------------------------------------------------------------------

@@ -202,7 +202,23 @@ def test_the_write_ups_quote_the_registered_numbers():
                        f"{statistics.mean(deep['none'].values()):.1f}%",
                        f"{study.PILOT_SD_BY_DEPTH[study.SHALLOW]:.2f} points at depth 6",
                        f"{study.PILOT_SD_BY_DEPTH[study.DEEP]:.2f} at 48", f"{study.PILOT_RULE_SEEDS} seeds",
-                       f"{study.NUM_SEEDS} blocks", f"{study.detectable(study.PILOT_SD_BY_DEPTH[study.DEEP]):.2f} points",
+                       f"{study.NUM_SEEDS} blocks",
+                       f"{study.detectable(study.PILOT_SD_BY_DEPTH[study.DEEP]):.2f} points",
                        f"{study.detectable(study.PILOT_SD_BY_DEPTH[study.SHALLOW], 2):.2f} at depth 6",
                        f"{study.detectable(study.ASSUMED_DEEP_PAIR_SD):.2f} for LayerScale"):
             assert quoted in text, (name, quoted)
+
+
+def test_the_command_refuses_a_bad_shard_and_a_changed_design(monkeypatch, tmp_path, capsys):
+    """One `error:` line and exit status 2 (sweep.registered_study_command), before anything trains."""
+    monkeypatch.setattr(study, "train", lambda shard: pytest.fail("trained"))
+    with pytest.raises(SystemExit) as exit_:
+        study.main(["--shard", "3/2"])
+    assert exit_.value.code == 2 and "error: --shard='3/2' must have 1 ≤ i ≤ n" in capsys.readouterr().err
+    (tmp_path / "preregistration.md").write_text("another design")
+    monkeypatch.setattr(study, "OUT", str(tmp_path))
+    monkeypatch.setattr(study.write_preregistration, "__defaults__", (str(tmp_path),))
+    with pytest.raises(SystemExit) as exit_:
+        study.main(["--shard", "1/2"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: ") and "the design changed after it was registered" in err
