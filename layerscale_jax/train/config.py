@@ -40,6 +40,11 @@ A full experiment config (see ``configs/``) has four sections (and an optional `
                       several processes the default becomes ``WORKDIR/xla_cache``, which they all reach), or a path
                       every host and every restarted VM shares (``gs://BUCKET/xla_cache``); '' turns it off. See
                       docs/storage.md.
+  profile_steps       () (default: no profiler call at all), or (first, last): a ``jax.profiler`` trace of the train
+                      steps first..last (the steps as logged, 1 ≤ first ≤ last ≤ steps) in
+                      ``WORKDIR/tensorboard/plugins/profile/``, where TensorBoard's profile plugin and XProf read it
+                      (``train.profiling``); a resume that starts inside the range traces the rest of it.
+  profile_all_processes   False: only process 0 traces; True: every process writes its own trace.
 
 ``lora`` fields: ``layerscale_jax.lora_config``.
 
@@ -68,7 +73,7 @@ from layerscale_jax.errors import ConfigError, UserError, did_you_mean
 from layerscale_jax.lora_config import LoraSettings
 from layerscale_jax.optim.config import OptimSettings
 from layerscale_jax.paths import as_path
-from layerscale_jax.settings import Section, check_fields, choice, integer, number
+from layerscale_jax.settings import Section, boolean, check_fields, choice, integer, number
 
 NONFINITE_MODES = ("raise", "skip")
 FINETUNE_MODES = ("full", "lora", "linear_probe")          # train.finetune
@@ -155,6 +160,18 @@ def sharding_rules(rules) -> tuple[tuple[str, str | tuple[str, ...] | None], ...
     return tuple(checked)
 
 
+def profile_steps(value, steps: int) -> tuple[int, ...]:
+    """``train.profile_steps`` checked: ``()`` or ``(first, last)``, integers with 1 ≤ first ≤ last ≤ ``steps``."""
+    pair = tuple(value) if isinstance(value, (tuple, list)) else None
+    if pair == ():
+        return pair
+    if (pair is None or len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair)
+            or not 1 <= pair[0] <= pair[1] <= steps):
+        raise ConfigError(f"train.profile_steps={value!r} must be () (no profile) or (first, last), the train steps "
+                          f"to trace, integers with 1 ≤ first ≤ last ≤ train.steps={steps}")
+    return pair
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainSettings(Section):
     """``config.train``, checked when it is made (the module doc has every field)."""
@@ -175,6 +192,8 @@ class TrainSettings(Section):
     stop_deadline_seconds: float = 0.0
     finetune: str = "full"
     compilation_cache_dir: str = DEFAULT_CACHE_DIR
+    profile_steps: tuple = ()
+    profile_all_processes: bool = False
 
     def __post_init__(self):
         for field in ("steps", "batch_size", "eval_batch_size", "log_every", "keep_checkpoints"):
@@ -191,6 +210,8 @@ class TrainSettings(Section):
                 raise ConfigError(f"train.{field}={getattr(self, field)!r} must be '' or a path")
         if self.compilation_cache_dir:
             as_path(self.compilation_cache_dir, "train.compilation_cache_dir")     # a supported scheme
+        self._set("profile_steps", profile_steps(self.profile_steps, self.steps))
+        boolean("train.profile_all_processes", self.profile_all_processes)
 
 
 def default_train_config() -> ml_collections.ConfigDict:

@@ -22,11 +22,13 @@ RESUMABLE_CHANGES = (
     "train.stop_after_steps", "train.stop_deadline_seconds",
     "train.nonfinite", "train.eval_batch_size", "train.mesh.", "train.compilation_cache_dir",
     "data.num_workers", "data.prefetch", "model.attention_impl",
+    "train.profile_steps", "train.profile_all_processes",
 )
 
 
 # Fields added to the config after runs were stored with it: a stored config without one ran as with this value.
-ADDED_FIELDS = {"data.read_block": 0, "data.read_window": 16}
+ADDED_FIELDS = {"data.read_block": 0, "data.read_window": 16, "train.profile_steps": [],
+                "train.profile_all_processes": False}
 
 PREVIOUS_DIR = "previous"       # --restart moves an earlier run's files to <workdir>/previous/<UTC time>/
 RESTART_JOURNAL = "restart.json"  # the moves of a --restart until they are all done (paths.move_all)
