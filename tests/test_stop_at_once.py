@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -59,48 +60,69 @@ def env(**extra):
     return {**base, **extra}
 
 
-def start(target, *args, **environ):
-    return subprocess.Popen([sys.executable, "-c", PROGRAM, target, *args], env=env(**environ), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+class Job:
+    """A process whose stdout and stderr lines are collected by threads as they come, so that every wait has a
+    bound (a blocking read would wait as long as the process blocks)."""
+
+    def __init__(self, args, environ):
+        self.proc = subprocess.Popen(args, env=environ, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        self.out, self.err = [], []
+        self._readers = [threading.Thread(target=lines.extend, args=(stream,), daemon=True)
+                         for lines, stream in ((self.out, self.proc.stdout), (self.err, self.proc.stderr))]
+        for reader in self._readers:
+            reader.start()
+
+    def text(self) -> str:
+        return "".join(self.out) + "".join(self.err)
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        """Until a line of stdout or stderr contains ``text``, the process still running."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in line for line in self.out + self.err):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.proc.kill()
+        raise AssertionError(f"no line with {text!r} within {timeout} s:\n" + self.text())
+
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        """(exit status, stdout, stderr) once the process ended, at most ``timeout`` seconds from now."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"still running {timeout} s later:\n" + self.text()) from None
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return self.proc.returncode, "".join(self.out), "".join(self.err)
 
 
-def wait_for_line(proc, text, timeout=600) -> list[str]:
-    """stderr's lines up to the first that contains ``text`` (the process must still run)."""
-    lines, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        if text in line:
-            return lines
-    proc.kill()
-    raise AssertionError(f"no line with {text!r}:\n" + "".join(lines) + proc.stdout.read())
+def start(target, *args, **environ) -> Job:
+    job = Job([sys.executable, "-c", PROGRAM, target, *args], env(**environ))
+    job.wait_for(BLOCKED, timeout=600)
+    return job
 
 
-def signal_and_finish(proc, *signums, seen=None) -> tuple[int, float, str, str]:
-    """Send the signals (each after the previous one's line ``seen``), wait: (status, seconds from the last signal
-    to the exit, stdout, the rest of stderr)."""
+def signal_and_finish(job: Job, *signums, seen=None) -> tuple[int, float, str, str]:
+    """Send the signals (each after the line ``seen`` that says the previous one was handled, within ``AT_ONCE``),
+    wait: (status, seconds from the last signal to the exit, stdout, stderr)."""
     for i, signum in enumerate(signums):
         if i:
-            wait_for_line(proc, seen)
+            job.wait_for(seen, timeout=AT_ONCE)
         sent = time.monotonic()
-        proc.send_signal(signum)
-    try:
-        out, err = proc.communicate(timeout=AT_ONCE)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"still running {AT_ONCE} s after the signal:\n{out}\n{err}")
-    return proc.returncode, time.monotonic() - sent, out, err
+        job.proc.send_signal(signum)
+    status, out, err = job.finish(timeout=AT_ONCE)
+    return status, time.monotonic() - sent, out, err
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl_c"])
 def test_a_stop_signal_during_the_train_steps_compile_ends_the_process_at_once(tmp_path, signum):
     workdir = str(tmp_path / "run")
-    proc = start("jax.stages:Lowered.compile", f"--config={TINY}:steps=24", f"--workdir={workdir}")
-    wait_for_line(proc, BLOCKED)
-    status, seconds, out, err = signal_and_finish(proc, signum)
+    job = start("jax.stages:Lowered.compile", f"--config={TINY}:steps=24", f"--workdir={workdir}")
+    status, seconds, out, err = signal_and_finish(job, signum)
     lines = (out + err).strip().splitlines()
     assert status == 128 + signum, out + err
     assert lines[-1] == "stopped before step 1: nothing new to save", lines
@@ -114,10 +136,9 @@ def test_a_second_ctrl_c_during_a_save_stops_at_once(tmp_path):
     """The first Ctrl-C waits for the save in progress (new state: the stop is the loop's); the second ends the
     process at once, releasing the workdir."""
     workdir = str(tmp_path / "run")
-    proc = start("layerscale_jax.train.checkpoint:Checkpointer.save", f"--config={TINY}:steps=24",
-                 f"--workdir={workdir}", "--config.train.checkpoint_every=4")
-    wait_for_line(proc, BLOCKED)
-    status, seconds, out, err = signal_and_finish(proc, signal.SIGINT, signal.SIGINT, seen="received SIGINT")
+    job = start("layerscale_jax.train.checkpoint:Checkpointer.save", f"--config={TINY}:steps=24",
+                f"--workdir={workdir}", "--config.train.checkpoint_every=4")
+    status, seconds, out, err = signal_and_finish(job, signal.SIGINT, signal.SIGINT, seen="received SIGINT")
     assert status == 130, out + err
     assert err.strip().splitlines()[-1] == signals_lib.INTERRUPTED_MESSAGE, err
     assert "Traceback" not in err
@@ -126,10 +147,9 @@ def test_a_second_ctrl_c_during_a_save_stops_at_once(tmp_path):
 
 def test_a_stop_that_cannot_end_within_the_stop_deadline_ends_the_process_then(tmp_path):
     workdir = str(tmp_path / "run")
-    proc = start("layerscale_jax.train.checkpoint:Checkpointer.save", f"--config={TINY}:steps=24",
-                 f"--workdir={workdir}", "--config.train.checkpoint_every=4", "--config.train.stop_deadline_seconds=3")
-    wait_for_line(proc, BLOCKED)
-    status, seconds, out, err = signal_and_finish(proc, signal.SIGTERM)
+    job = start("layerscale_jax.train.checkpoint:Checkpointer.save", f"--config={TINY}:steps=24",
+                f"--workdir={workdir}", "--config.train.checkpoint_every=4", "--config.train.stop_deadline_seconds=3")
+    status, seconds, out, err = signal_and_finish(job, signal.SIGTERM)
     assert status == 143, out + err
     assert err.strip().splitlines()[-1].startswith(
         "stopped without saving: the stop did not end within train.stop_deadline_seconds=3 of the SIGTERM"), err
@@ -139,9 +159,8 @@ def test_a_stop_that_cannot_end_within_the_stop_deadline_ends_the_process_then(t
 
 def test_a_ctrl_c_during_compile_for_ends_it_at_once_and_not_with_status_0(tmp_path):
     """Issue 49: it printed "received SIGINT ... with a checkpoint if there is new state", compiled on, exited 0."""
-    proc = start("jax.stages:Lowered.compile", f"--config={TINY}", "--compile_for", "v5e-4")
-    wait_for_line(proc, BLOCKED)
-    status, seconds, out, err = signal_and_finish(proc, signal.SIGINT)
+    job = start("jax.stages:Lowered.compile", f"--config={TINY}", "--compile_for", "v5e-4")
+    status, seconds, out, err = signal_and_finish(job, signal.SIGINT)
     assert status == 130, out + err
     assert err.strip().splitlines()[-1] == "stopped: --compile_for v5e-4 did not finish; nothing to report", err
 
@@ -157,10 +176,9 @@ def test_the_watcher_ends_a_process_blocked_in_c_and_runs_its_cleanups(tmp_path)
                f"print({BLOCKED!r}, file=sys.stderr, flush=True)\n"
                "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})\n"
                "ctypes.CDLL(None).sleep(600)\n")
-    proc = subprocess.Popen([sys.executable, "-c", program], env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    wait_for_line(proc, BLOCKED)
-    status, seconds, out, err = signal_and_finish(proc, signal.SIGTERM)
+    job = Job([sys.executable, "-c", program], env())
+    job.wait_for(BLOCKED, timeout=600)
+    status, seconds, out, err = signal_and_finish(job, signal.SIGTERM)
     assert status == 143 and err.strip().splitlines()[-1] == "stopped before step 7: nothing new to save", err
     assert marker.read_text() == "yes"
 
@@ -177,17 +195,16 @@ def lone_slurm_task(tmp_path, *args):
     """Process 1 of a 2-task SLURM job started alone: its coordinator (process 0) never comes."""
     slurm = {"SLURM_JOB_ID": "79", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
              "SLURM_LOCALID": "0", "JAX_COORDINATOR_PORT": str(free_port())}
-    return subprocess.Popen([sys.executable, "-m", "layerscale_jax.train", f"--config={TINY}",
-                             f"--workdir={tmp_path / 'run'}", "--distributed", *args], env=env(**slurm), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), slurm["JAX_COORDINATOR_PORT"]
+    return Job([sys.executable, "-m", "layerscale_jax.train", f"--config={TINY}", f"--workdir={tmp_path / 'run'}",
+                "--distributed", *args], env(**slurm)), slurm["JAX_COORDINATOR_PORT"]
 
 
 def test_a_process_whose_coordinator_never_comes_says_so_and_gives_up_in_one_line(tmp_path):
     """Issue 49: it printed nothing and aborted after 286 s with a 17-line absl trace (rc 134)."""
-    proc, port = lone_slurm_task(tmp_path, "--connect_timeout=5")
-    out, err = proc.communicate(timeout=AT_ONCE + 5)
+    job, port = lone_slurm_task(tmp_path, "--connect_timeout=5")
+    status, out, err = job.finish(timeout=600)
     assert out.splitlines()[0].startswith(f"waiting for the coordinator at localhost:{port} as process 1 of 2"), out
-    assert proc.returncode == 2, err
+    assert status == 2, err
     assert err.strip().splitlines() == [
         f"error: --distributed: process 1 of 2 could not join the job: the coordinator at localhost:{port} did not "
         "see all 2 processes connect within 5 s (--connect_timeout); start every process of the job (process 0 "
@@ -197,13 +214,11 @@ def test_a_process_whose_coordinator_never_comes_says_so_and_gives_up_in_one_lin
 def test_a_stop_signal_while_waiting_for_the_coordinator_ends_the_process(tmp_path):
     """Issue 49: SIGTERM was ignored until JAX's own timeout (286 s). The process gives the connect
     ``CONNECT_GRACE_SECONDS`` to complete (then every process of the job stops at one point), then stops."""
-    proc, port = lone_slurm_task(tmp_path)
-    assert proc.stdout.readline().startswith("waiting for the coordinator")
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=signals_lib.CONNECT_GRACE_SECONDS + AT_ONCE)
-    assert proc.returncode == 143, err
-    assert time.monotonic() - sent < signals_lib.CONNECT_GRACE_SECONDS + AT_ONCE
+    job, port = lone_slurm_task(tmp_path)
+    job.wait_for("waiting for the coordinator", timeout=600)
+    job.proc.send_signal(signal.SIGTERM)
+    status, out, err = job.finish(timeout=signals_lib.CONNECT_GRACE_SECONDS + AT_ONCE)
+    assert status == 143, err
     assert err.strip().splitlines()[-1] == (f"stopped while waiting for the coordinator at localhost:{port} as "
                                             "process 1 of 2 (SLURM; process 0 runs the coordinator): nothing new "
                                             "to save"), err
