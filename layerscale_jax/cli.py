@@ -12,12 +12,18 @@ complete checkpoint); ``OSError`` (missing, unreadable or wrongly typed files, a
 the environment, not the code); argparse usage errors; a device backend that cannot start, and running out of
 device memory. Any other exception — a ``ValueError`` or ``TypeError`` from deep in the code included — is a bug
 and keeps its traceback.
+
+On a machine without an accelerator (no TPU chip, NVIDIA or AMD GPU: ``no_accelerator_here``) ``run_cli`` sets
+``JAX_PLATFORMS=cpu`` unless it is set: JAX would otherwise start every installed plugin, and libtpu (the ``[tpu]``
+extra) prints five lines on a machine without TPUs ("unexpected worker hostname ..."). ``--compile_for`` compiles
+for TPUs without one all the same (libtpu's compiler, deviceless). ``JAX_PLATFORMS=tpu`` (or any value) overrides it.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import errno
+import glob
 import os
 import sys
 import traceback
@@ -103,6 +109,39 @@ def _argparse_errors_raise():
         argparse.ArgumentParser.error = original
 
 
+# JAX's TPU probe (jax/_src/hardware_utils.py): Google's PCI vendor id and its TPU chips' device ids (other Google
+# devices, e.g. the gVNIC network card of every GCE VM, are no TPU); /dev/accel* are TPU device files.
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+_TPU_PCI_DEVICES = {"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076", "0x0083", "0x007c"}
+_GPU_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def no_accelerator_here() -> bool:
+    """Whether this machine has no TPU chip, NVIDIA or AMD GPU (JAX's own hardware probes, without importing jax)."""
+    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        if _read(vendor) == _GOOGLE_PCI_VENDOR and _read(os.path.join(os.path.dirname(vendor), "device")) in \
+                _TPU_PCI_DEVICES:
+            return False
+    return not glob.glob("/dev/accel[0-9]*") and not any(os.path.exists(p) for p in _GPU_DEVICE_FILES)
+
+
+def use_cpu_without_accelerator(environ=os.environ) -> bool:
+    """``JAX_PLATFORMS=cpu`` in ``environ`` when it is unset, jax is not imported yet and ``no_accelerator_here``
+    (the module docstring); whether it was set."""
+    if environ.get("JAX_PLATFORMS") or "jax" in sys.modules or not no_accelerator_here():
+        return False
+    environ["JAX_PLATFORMS"] = "cpu"
+    return True
+
+
 def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> int:
     """Run ``main(argv)`` (argv without the program name; default ``sys.argv[1:]``) and return its exit status.
 
@@ -112,6 +151,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
     with its traceback.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    use_cpu_without_accelerator()
     debug = debug_enabled(argv)
     argv = [a for a in argv if a != DEBUG_FLAG]
     try:
