@@ -47,6 +47,7 @@ from layerscale_jax.train.evaluation import Evaluation
 from layerscale_jax.train.feed import Batches
 from layerscale_jax.train.guard import NonFiniteGuard
 from layerscale_jax.train.metrics import MetricsLog, MetricsWriter, RunRecord, console_keys
+from layerscale_jax.train.profiling import StepProfile, step_fn
 from layerscale_jax.train.saving import Checkpoints, Preemption
 from layerscale_jax.train.step import init_train_state, make_eval_step, make_train_step
 from layerscale_jax.train.workdir_lock import WorkdirLock
@@ -260,14 +261,17 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary) ->
     checkpoints = Checkpoints(checkpointer, writer, batches, guard, config_json, tc.checkpoint_every, end=tc.steps,
                               saved_at=start.step if start.resumed else None)
     log = MetricsLog(writer, batches, tc, end=tc.steps, start_step=start.step, window=start.window)
+    profile = StepProfile.of(tc, writer.tb_dir, start.step)       # train.profile_steps; None: no profiler call
     train_start = time.time()
     try:
         state, step, stopped = _loop(trainer, start.state, start.step, tc.steps, batches=batches, log=log,
                                      guard=guard, evaluation=evaluation, checkpoints=checkpoints,
-                                     preemption=Preemption(tc, start.step, checkpoints))
+                                     preemption=Preemption(tc, start.step, checkpoints), profile=profile)
         if not stopped and step == start.step:     # restored at the last step: the run ended before its results
             evaluation.results = evaluation.metrics(state)
     finally:
+        if profile is not None:
+            profile.close()                        # a run that ended inside the range: what it traced
         writer.close()
         batches.close()
     checkpointer.close()
@@ -321,13 +325,16 @@ def train_and_record(config: Experiment | Any, final_splits: tuple[str, ...] = (
     return results
 
 
-def _loop(trainer, state, step: int, end: int, *, batches, log, guard, evaluation, checkpoints, preemption):
+def _loop(trainer, state, step: int, end: int, *, batches, log, guard, evaluation, checkpoints, preemption,
+          profile: StepProfile | None = None):
     """Train from ``step`` to ``end``: each step's metrics are logged once per window (``log``: metrics.jsonl and
     the console, or the record's loss curve) after the non-finite ``guard`` has seen them; evaluations, checkpoints
     and a stop (``preemption``) follow at their steps. A divergence (record mode's guard) ends the loop after its
-    evaluation. Returns ``(state, step, stopped)``, ``stopped``: ended early by ``preemption``."""
+    evaluation. The steps in ``profile``'s range are traced (``profiling``; None: no profiler call). Returns
+    ``(state, step, stopped)``, ``stopped``: ended early by ``preemption``."""
+    take_step = step_fn(trainer.train_step, batches, profile)
     while step < end:
-        state, metrics = trainer.train_step(state, next(batches))
+        state, metrics = take_step(state, step + 1)
         step += 1
         log.append(step, metrics)
         if log.due(step):
