@@ -193,6 +193,9 @@ def parse_target(name: str) -> Target:
     return Target(name, generation, _three_d_shape(chips), num_slices=slices)
 
 
+_TPU_HOST_VARIABLES = ("TPU_WORKER_HOSTNAMES", "TPU_HOST_BOUNDS", "TPU_ACCELERATOR_TYPE", "TPU_CHIPS_PER_HOST_BOUNDS")
+
+
 def target_devices(target: Target) -> list:
     """Device descriptions of every chip of ``target``, without the hardware: TPU ones from libtpu's topology
     (``jax.experimental.topologies``), GPU ones from ``train.gpu_targets`` (XLA's GPU target descriptions)."""
@@ -209,6 +212,13 @@ def target_devices(target: Target) -> list:
     # libtpu takes a lock file so that one process at a time drives the local TPU chips; describing a topology
     # drives none, so a compile may run while another process holds it.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # libtpu reads this host's place in a TPU slice from the environment (a Cloud TPU VM's metadata sets it); on a
+    # machine without TPUs it finds none and prints five lines (Failed to find host bounds ..., E0000 ... unexpected
+    # worker hostname ..., libtpu_init_utils.cc:370). A one-host placeholder keeps it quiet: the topology described
+    # is the target's, passed below (the report of v5e-4 and v5e-16 is the same with and without it).
+    from layerscale_jax.cli import no_accelerator_here
+    if no_accelerator_here() and not any(name in os.environ for name in _TPU_HOST_VARIABLES):
+        os.environ.update(TPU_WORKER_HOSTNAMES="localhost", TPU_HOST_BOUNDS="1,1,1")
     from jax.experimental import topologies
     topology = topologies.get_topology_desc(
         platform="tpu", topology_name=target.topology,
