@@ -65,6 +65,7 @@ def unprofiled(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow
 def test_off_calls_no_profiler(unprofiled):
     assert len(read_metrics(unprofiled)) >= STEPS
 
@@ -80,6 +81,7 @@ def profiled(tmp_path_factory):
     return workdir, printed
 
 
+@pytest.mark.slow
 def test_profile_traces_the_asked_steps_with_the_same_metrics(unprofiled, profiled):
     workdir, printed = profiled
     (session,) = _sessions(workdir)
@@ -90,6 +92,7 @@ def test_profile_traces_the_asked_steps_with_the_same_metrics(unprofiled, profil
     assert _no_timing(workdir) == _no_timing(unprofiled)            # every metric of every step, bit for bit
 
 
+@pytest.mark.slow
 def test_xprof_reads_the_trace(profiled):
     """XProf (``pip install -e ".[profile]"``; skipped without it) shows the traced steps by name."""
     raw_to_tool_data = pytest.importorskip("xprof.convert.raw_to_tool_data")
@@ -100,6 +103,7 @@ def test_xprof_reads_the_trace(profiled):
     assert sorted(set(re.findall(rf"{STEP_NAME} \d+", text))) == [f"{STEP_NAME} {n}" for n in (3, 4, 5)]
 
 
+@pytest.mark.slow
 def test_a_resume_inside_the_range_traces_the_rest(tmp_path):
     """A first attempt stopped after step 4 traces steps 3-4; the resume traces 5-6; a later start traces nothing."""
     workdir = str(tmp_path)
@@ -129,6 +133,7 @@ def test_profile_all_processes_is_a_bool():
         validate_train_config({"profile_all_processes": 1})
 
 
+@pytest.mark.slow
 def test_the_command_line_refuses_a_bad_range_before_training(tmp_path):
     result = subprocess.run([sys.executable, "-m", "layerscale_jax.train", f"--config={TINY}:steps={STEPS}",
                              f"--workdir={tmp_path}", "--config.train.profile_steps=(5,9)"],
