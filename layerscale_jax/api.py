@@ -59,7 +59,10 @@ class Run:
     that checkpoint. ``results``: ``results.json`` (test metrics, steps, timing, the architecture) when the run
     finished at ``step``, else None. ``history``: the ``metrics.jsonl`` records up to ``step``, one dict per logged
     step (``{"step", "train_loss", "learning_rate", ...}``) and per evaluation (``{"step", "test_accuracy",
-    "test_loss", "diag/blocks.3.attn.scale", ...}``). ``workdir``: where it all is.
+    "test_loss", "diag/blocks.3.attn.scale", ...}``). ``workdir``: where it all is. ``goodput``: where the run's
+    wall time went over all its attempts, as the workdir's ``goodput.jsonl`` holds it now (``goodput`` = productive
+    step time / wall time, ``badput`` by cause, ``seconds``, ``attempts``, ``redone_steps``:
+    ``layerscale_jax.train.goodput.summarize``), None for a run without one.
     """
     config: ml_collections.ConfigDict
     model: nnx.Module
@@ -67,6 +70,7 @@ class Run:
     results: dict | None
     history: list[dict]
     workdir: Path
+    goodput: dict | None = None
 
     @property
     def finished(self) -> bool:
@@ -204,7 +208,9 @@ def load_run(workdir: str | Path, *, step: int | None = None, ema: bool | None =
         history = [record for _, record in metrics_lines(epath.Path(workdir) / "metrics.jsonl")
                    if record["step"] <= step]
     config = ml_collections.ConfigDict(checkpoint_config(directory))
-    return Run(config=config, model=model, step=step, results=results, history=history, workdir=workdir)
+    from layerscale_jax.train import goodput as goodput_lib
+    return Run(config=config, model=model, step=step, results=results, history=history, workdir=workdir,
+               goodput=goodput_lib.read(workdir))
 
 
 # ---------------------------------------------------------------------------------------------------------------

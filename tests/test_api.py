@@ -230,7 +230,9 @@ def test_a_torn_metrics_line_is_dropped_and_restart_starts_over_where_no_checkpo
     with pytest.raises(WorkdirError, match="--restart"):
         lsj.fit(config, workdir)
     run = lsj.fit(config, workdir, restart=True)
-    assert run.results == {**ema_run.results, "train_seconds": run.results["train_seconds"]}
+    assert run.results == {**ema_run.results, "train_seconds": run.results["train_seconds"],
+                           "goodput": run.results["goodput"]}                   # timings
+    assert run.goodput["attempts"] == 1                            # the earlier run's account moved aside with it
     (previous,) = (workdir / "previous").iterdir()
     assert (previous / "metrics.jsonl").exists()
 

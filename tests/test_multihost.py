@@ -100,6 +100,9 @@ def test_processes_whose_rows_interleave_train_equal_to_one_process(one_process,
     workdir = tmp_path / "interleaved"
     finish(launch(str(workdir), *flags({"data": 2, "dcn_fsdp": 2})))
     assert_same_run(str(workdir), one_process)
+    records = [json.loads(line) for line in (workdir / "goodput.jsonl").read_text().splitlines()]
+    assert {r["attempt"] for r in records} == {1} and [r["final"] for r in records].count(True) == 1   # process 0's
+    assert results(workdir)["goodput"]["attempts"] == 1                                         # one account
     assert results(workdir)["test_examples"] == results(one_process)["test_examples"] == 40
     assert results(workdir)["test_accuracy"] == pytest.approx(results(one_process)["test_accuracy"], abs=1e-6)
     meta = workdir / "checkpoints" / "meta" / str(STEPS)

@@ -13,6 +13,7 @@ from etils import epath
 from layerscale_jax.errors import UserError
 from layerscale_jax.data.sources import resolve_data_dir
 from layerscale_jax.paths import as_path, write_text_atomically
+from layerscale_jax.train import goodput as goodput_lib
 from layerscale_jax.train import loop as loop_lib
 
 from cloud_bucket import cloud_bucket
@@ -97,12 +98,14 @@ def test_a_gs_workdir_survives_kill_and_resume_with_every_file_in_the_bucket(six
             "checksums.json", "data_process_0.json", "window.json"}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     logged = set()
-    for events in (run / "tensorboard").iterdir():
+    for events in (run / "tensorboard").glob("events*"):
         accumulator = EventAccumulator(str(events))
         accumulator.Reload()
         logged |= {event.step for event in accumulator.Scalars("train_loss")}
     assert logged >= set(range(3, STEPS + 1))         # the resumed run's; the killed run's buffer died with it
     assert os.listdir(cwd) == []                          # no local 'gs:' folder
+    attempts = goodput_lib.read_attempts(run / "goodput.jsonl")          # the goodput account is in the bucket too
+    assert [(a["attempt"], a["final"]) for a in attempts] == [(1, False), (2, True)]      # the killed one unfinished
 
 
 @pytest.mark.slow

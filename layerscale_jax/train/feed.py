@@ -31,12 +31,15 @@ class Batches:
         replicated = data.skip_bad_records and len({repr(rows) for rows in plan.values()}) < len(plan)
         self.plan = plan if replicated else None
         self.waited = 0.0                         # seconds spent waiting for batches since the last take_wait
+        self.waited_total = 0.0                   # ... since the start (the goodput account's input_wait)
         self.first = self._fetch()
 
     def _fetch(self) -> dict:
         waited_from = time.perf_counter()     # the step is dispatched asynchronously: time spent here is time the
         batch = data_lib.to_global_batch(next(self.iterator), self.mesh, self.size)   # input kept the loop waiting
-        self.waited += time.perf_counter() - waited_from
+        waited = time.perf_counter() - waited_from
+        self.waited += waited
+        self.waited_total += waited
         return batch
 
     def __next__(self) -> dict:

@@ -11,8 +11,10 @@ checkpoint; stop. What it calls are named pieces, each in its own module: ``feed
 position, its wait), ``guard.NonFiniteGuard``, ``metrics.MetricsLog`` (metrics.jsonl, TensorBoard, the console) or
 ``metrics.RunRecord`` (record mode: the loss curve and the evaluations, returned as the record),
 ``evaluation.Evaluation`` (the task's metrics, the diagnostics), ``saving.Checkpoints`` and ``saving.Preemption``
-(record mode: none). The workdir's policy (what a workdir may hold, resuming, the results) is ``_open_workdir``,
-``_check_workdir``, ``_restore_or_init`` and ``_write_results`` here.
+(record mode: none), ``profiling.StepProfile`` (``train.profile_steps``' trace; none when empty) and
+``goodput.Goodput`` (the attempt's wall time by cause in goodput.jsonl; record mode: none). The workdir's policy
+(what a workdir may hold, resuming, the results) is ``_open_workdir``, ``_check_workdir``, ``_restore_or_init`` and
+``_write_results`` here.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from layerscale_jax.train.config import model_overrides  # noqa: F401 - re-expor
 from layerscale_jax.train.diagnostics import make_diagnostics_fn
 from layerscale_jax.train.evaluation import Evaluation
 from layerscale_jax.train.feed import Batches
+from layerscale_jax.train.goodput import Goodput
 from layerscale_jax.train.guard import NonFiniteGuard
 from layerscale_jax.train.metrics import MetricsLog, MetricsWriter, RunRecord, console_keys
 from layerscale_jax.train.profiling import StepProfile, step_fn
@@ -214,6 +217,7 @@ def train_and_evaluate(config: Experiment | Any, workdir, devices=None, *, resta
     validated here.
     """
     experiment = as_experiment(config)
+    goodput = Goodput(jax.process_index() == 0)       # this attempt's account (train/goodput.py), from here
     workdir = as_path(workdir, "workdir")
     cache = use_compilation_cache(experiment.train.compilation_cache_dir, workdir)
     is_primary = jax.process_index() == 0
@@ -224,12 +228,13 @@ def train_and_evaluate(config: Experiment | Any, workdir, devices=None, *, resta
     _open_workdir(workdir, lock, restart, is_primary)
     try:
         with stop_signals:         # SIGTERM / Ctrl-C stop every process at one sync point (layerscale_jax.runtime)
-            return _train_and_evaluate(experiment, workdir, devices, is_primary)
+            return _train_and_evaluate(experiment, workdir, devices, is_primary, goodput)
     finally:
+        goodput.end(workdir / "tensorboard")      # the attempt's last record, also after an error or a stop
         lock.release()
 
 
-def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary) -> dict:
+def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary, goodput: Goodput) -> dict:
     config, tc = experiment.config, experiment.train
     trainer = create_trainer(experiment, shard_lib.make_mesh(tc.mesh, devices))
     arch = describe_architecture(config, _count_parameters(trainer.abstract_model))
@@ -239,14 +244,19 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary) ->
     finished = _check_workdir(workdir, config_json, checkpointer, tc.steps, is_primary)
     if finished is not None:
         return finished
+    goodput.begin(workdir)
     if is_primary:
         _describe(trainer, arch)
     start = _restore_or_init(trainer, checkpointer, workdir, is_primary)
+    goodput.spent("restore" if start.resumed else "setup")
     batches = Batches(experiment.data, tc, trainer.mesh, start.data_state)
+    goodput.spent("setup")
     # The train step compiles here, before its first run: a stop signal during start-up, restore or this compile
     # (minutes for a large model on a pod) ends the job before that step, with nothing new to save.
     stop_signals.starting(f"stopped before step {start.step + 1}: nothing new to save")
     trainer.train_step.lower(start.state, batches.first).compile()
+    goodput.spent("compile")
+    goodput.record()
     if stop_signals.stopped_before(start.step + 1) or stop_signals.requested_anywhere():
         batches.close()
         checkpointer.close()
@@ -262,11 +272,14 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary) ->
                               saved_at=start.step if start.resumed else None)
     log = MetricsLog(writer, batches, tc, end=tc.steps, start_step=start.step, window=start.window)
     profile = StepProfile.of(tc, writer.tb_dir, start.step)       # train.profile_steps; None: no profiler call
+    goodput.spent("setup")
+    goodput.started_at(start.step, batches.waited_total)
     train_start = time.time()
     try:
         state, step, stopped = _loop(trainer, start.state, start.step, tc.steps, batches=batches, log=log,
                                      guard=guard, evaluation=evaluation, checkpoints=checkpoints,
-                                     preemption=Preemption(tc, start.step, checkpoints), profile=profile)
+                                     preemption=Preemption(tc, start.step, checkpoints), profile=profile,
+                                     goodput=goodput)
         if not stopped and step == start.step:     # restored at the last step: the run ended before its results
             evaluation.results = evaluation.metrics(state)
     finally:
@@ -281,6 +294,7 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary) ->
                "nonfinite_steps": int(jax.device_get(state["nonfinite_steps"])), "model": arch,
                "resumed_from_step": start.step if start.resumed else None}
     if is_primary:
+        results["goodput"] = goodput.summary()        # all attempts, this one up to here (train/goodput.py)
         _write_results(workdir / "results.json", results, trainer.task, checkpointer, writer)
     return results
 
@@ -326,29 +340,40 @@ def train_and_record(config: Experiment | Any, final_splits: tuple[str, ...] = (
 
 
 def _loop(trainer, state, step: int, end: int, *, batches, log, guard, evaluation, checkpoints, preemption,
-          profile: StepProfile | None = None):
+          profile: StepProfile | None = None, goodput: Goodput | None = None):
     """Train from ``step`` to ``end``: each step's metrics are logged once per window (``log``: metrics.jsonl and
     the console, or the record's loss curve) after the non-finite ``guard`` has seen them; evaluations, checkpoints
     and a stop (``preemption``) follow at their steps. A divergence (record mode's guard) ends the loop after its
-    evaluation. The steps in ``profile``'s range are traced (``profiling``; None: no profiler call). Returns
+    evaluation. The steps in ``profile``'s range are traced (``profiling``; None: no profiler call); ``goodput``
+    (``goodput.Goodput``; None: none) is charged each step, evaluation, save and stop. Returns
     ``(state, step, stopped)``, ``stopped``: ended early by ``preemption``."""
     take_step = step_fn(trainer.train_step, batches, profile)
+    goodput = goodput or Goodput(False)
     while step < end:
         state, metrics = take_step(state, step + 1)
         step += 1
+        goodput.trained(step, batches.waited_total)
         log.append(step, metrics)
         if log.due(step):
             fetched = log.fetch()
             guard.check(step, fetched)
             log.write(step, fetched, state)
+            goodput.record()
         evaluated = evaluation.due(step) or guard.diverged
         if evaluated:
+            goodput.trained(step, batches.waited_total, wait_for=state)
             log.evaluated(step, *evaluation(step, state))
+            goodput.spent("evaluation")
+            goodput.record()
         if checkpoints.due(step):
+            goodput.trained(step, batches.waited_total, wait_for=state)
             checkpoints.save(step, state, evaluation.results if evaluated else None, log.pending)
+            goodput.spent("checkpoint")
+            goodput.record()
         if guard.diverged:
             break
         if preemption.stopped(step, evaluated, state, log.pending):
+            goodput.spent("checkpoint")              # the stop's save
             return state, step, True
     return state, step, False
 
