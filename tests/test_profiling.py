@@ -143,3 +143,12 @@ def test_the_command_line_refuses_a_bad_range_before_training(tmp_path):
         "error: train.profile_steps=(5, 9) must be () (no profile) or (first, last), the train steps to trace, "
         f"integers with 1 ≤ first ≤ last ≤ train.steps={STEPS}")
     assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
+
+
+def test_a_run_stored_before_the_fields_existed_resumes_and_the_fields_may_change():
+    from layerscale_jax.train.workdir import config_changes
+    stored = {"train": {"steps": 6}}
+    assert config_changes(stored, {"train": {"steps": 6, "profile_steps": [], "profile_all_processes": False}}) == (
+        [], [])
+    assert config_changes(stored, {"train": {"steps": 6, "profile_steps": [2, 3], "profile_all_processes": True}}) == (
+        [], ["train.profile_all_processes: False → True", "train.profile_steps: [] → [2, 3]"])

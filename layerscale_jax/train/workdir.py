@@ -82,7 +82,8 @@ def _flatten(tree, prefix=""):
 
 def config_changes(stored: dict, current: dict) -> tuple[list[str], list[str]]:
     """``(refused, accepted)``: the dotted fields whose values differ, as ``field: old → new`` lines."""
-    old, new = {**ADDED_FIELDS, **_flatten(stored)}, _flatten(current)
+    new = _flatten(current)
+    old = {**{k: v for k, v in ADDED_FIELDS.items() if k in new}, **_flatten(stored)}    # a field both lack: equal
     refused, accepted = [], []
     for field in sorted(set(old) | set(new)):
         if old.get(field, "<absent>") == new.get(field, "<absent>"):
