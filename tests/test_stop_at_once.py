@@ -224,7 +224,7 @@ def test_a_stop_signal_while_waiting_for_the_coordinator_ends_the_process(tmp_pa
                                             "to save"), err
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "nan"])
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "inf"])
 def test_a_bad_connect_timeout_is_one_error_line_naming_the_flag(tmp_path, value):
     from layerscale_jax.train.__main__ import main
     import io

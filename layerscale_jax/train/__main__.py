@@ -188,7 +188,7 @@ def main(argv: list[str]) -> int:
     launch = resolve_launch(distributed=parsed.distributed, coordinator_address=parsed.coordinator_address,
                             num_processes=parsed.num_processes, process_id=parsed.process_id,
                             local_devices=parsed.local_device_ids, environ=os.environ)
-    if not parsed.connect_timeout > 0:       # nan, 0 or negative
+    if not 0 < parsed.connect_timeout < float("inf"):       # nan, 0, negative or inf
         raise UserError(f"--connect_timeout={parsed.connect_timeout:g}: give the seconds (> 0) a process waits for "
                         "the job's processes to connect")
     stop_signals.watch(deadline=experiment.train.stop_deadline_seconds, joins_job=launch is not None)
