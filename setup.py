@@ -48,13 +48,13 @@ setup(
         "gcs": ["google-cloud-storage>=3.0,<4"],
         # NVIDIA GPUs (docs/multihost.md): JAX's CUDA 12 plugin with CUDA and cuDNN from pip, at jax's version.
         "cuda12": ["jax[cuda12]==0.12.0.1"],
-        # Compiling for NVIDIA GPUs on a machine without one (`--compile_for 8xh100`, train/gpu_targets.py): JAX's
+        # Compiling for NVIDIA GPUs on a machine without one (`--compile_for 8xh100`, plan/gpu_targets.py): JAX's
         # CUDA plugin, and cuDNN, against which cuDNN's fused attention is traced (~2.6 GB installed; CI skips it).
         "gpu-compile": ["jax-cuda12-plugin==0.12.0.1", "jax-cuda12-pjrt==0.12.0.1", "nvidia-cudnn-cu12>=9.10.2.21,<10"],
         # Reading the profiles train.profile_steps writes (docs/training.md, Profiles): TensorBoard's Profile tab and
         # `xprof --logdir WORKDIR/tensorboard` (tensorboard-plugin-profile brings xprof, the reader itself).
         "profile": ["tensorboard-plugin-profile==2.24.2"],
     },
-    # XLA's target descriptions of the GPUs `--compile_for` knows (train/gpu_specs/README.md: source and license)
-    package_data={"layerscale_jax.train": ["gpu_specs/*.txtpb", "gpu_specs/README.md"]},
+    # XLA's target descriptions of the GPUs `--compile_for` knows (plan/gpu_specs/README.md: source and license)
+    package_data={"layerscale_jax.plan": ["gpu_specs/*.txtpb", "gpu_specs/README.md"]},
 )

@@ -1,5 +1,5 @@
 """Will each committed pod recipe fit? Every recipe compiled for its stated target by the target's own compiler on
-this machine (``train.compile_for``): per-chip HBM used, FLOPs per step, roofline bound, compile time.
+this machine (``plan.compile_for``): per-chip HBM used, FLOPs per step, roofline bound, compile time.
 
     python benchmarks/compile_recipes.py [--only ID ...] [--jobs N] [--out FILE]
 
@@ -69,7 +69,7 @@ def load(recipe: Recipe):
 
 def compile_row(recipe: Recipe) -> dict:
     """The recipe's report as a dict (``CompileReport.to_json``), or its one-line error when it does not fit."""
-    from layerscale_jax.train.compile_for import DoesNotFit, compile_for
+    from layerscale_jax.plan.compile_for import DoesNotFit, compile_for
     start = time.perf_counter()
     row = {"id": recipe.id, "command": recipe.command, "where": recipe.where, "target": recipe.target}
     try:

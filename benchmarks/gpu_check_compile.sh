@@ -11,7 +11,7 @@
 #   env        versions, nvidia-smi, jax devices
 #   predict    DeiT III-B/16 bf16 batch 256 train step (attention_impl=xla, as benchmarks/results/gpu_h200_2026-12-04
 #              measured): memory_analysis() compiled for this GPU, and compiled deviceless from the stored H200 target
-#              description (layerscale_jax/train/gpu_specs/h200.txtpb) on this machine's CPU side, if this jax can
+#              description (layerscale_jax/plan/gpu_specs/h200.txtpb) on this machine's CPU side, if this jax can
 #   attention  the same step with attention_impl=xla and =cudnn (tokens padded 197 -> 198, padded keys masked):
 #              first-step loss of each from the same parameters and batch, img/s timed alternately, memory
 #   tests      the layer tests that state their precision (TF32 fix) and the attention tests, on the GPU

@@ -6,7 +6,7 @@ attention implementations raced on a real GPU.
 
 ``predict``: the step ``(state, images, labels) -> (state, loss)`` (AdamW, donated state) of ``--model`` at
 ``--batch`` in ``--dtype``, lowered from abstract inputs and compiled deviceless for ``--target``
-(``train.gpu_targets``: XLA's stored target description, one GPU), and with ``--real`` also for this machine's GPU;
+(``plan.gpu_targets``: XLA's stored target description, one GPU), and with ``--real`` also for this machine's GPU;
 for each, ``memory_analysis()`` (arguments, outputs, aliased, temporaries), the compile seconds and the count of
 cuDNN fused-attention custom calls (``__cudnn$fmha``: forward and backward kernels) in the compiled HLO.
 ``attention``: per implementation, the same model, initial parameters and batch; the first step's loss (parity:
@@ -68,7 +68,7 @@ def compile_report(fn, inputs, sharding) -> dict:
 
 def predict(args) -> dict:
     out = {"spec": spec_of(args, args.attention).describe(), "jax": jax.__version__}
-    from layerscale_jax.train import gpu_targets
+    from layerscale_jax.plan import gpu_targets
     try:
         devices = gpu_targets.gpu_devices(args.target, 1, 1)
         sharding = NamedSharding(Mesh(np.array(devices), ("data",)), P())

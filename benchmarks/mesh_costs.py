@@ -44,6 +44,7 @@ def main(argv=None):
     from layerscale_jax.data.config import default_data_config
     from layerscale_jax.optim import default_config as default_optim_config
     from layerscale_jax.train import loop as loop_lib
+    from layerscale_jax.plan import hlo as hlo_lib
     from layerscale_jax.train import sharding as shard_lib
     from layerscale_jax.train.config import default_train_config, model_section
 
@@ -73,7 +74,7 @@ def main(argv=None):
         state_bytes = sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
                           for leaf in jax.tree.leaves(trainer.abstract_state))
         by_op = collections.defaultdict(lambda: [0, 0])
-        for c in shard_lib.collectives(hlo):
+        for c in hlo_lib.collectives(hlo):
             by_op[c.op][0] += 1
             by_op[c.op][1] += c.bytes
         rows.append({"mesh": {"data": data, "fsdp": fsdp, "tensor": tensor},

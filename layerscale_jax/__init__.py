@@ -4,7 +4,7 @@ The data flows one way: ``layers`` → ``models`` → ``optim`` → ``data`` →
 Importing the package imports nothing else: the names below load on first use — ``create_model`` and
 ``list_models`` from ``layerscale_jax.models`` (jax, flax), and the Python API for notebooks from
 ``layerscale_jax.api`` (``load_config``, ``override_config``, ``fit``, ``load_run``, ``evaluate``, ``diagnose``,
-``example_batch``, ``Run``, ``TrainingInterrupted``), and ``compile_for`` from ``layerscale_jax.train.compile_for``
+``example_batch``, ``Run``, ``TrainingInterrupted``), and ``compile_for`` from ``layerscale_jax.plan.compile_for``
 (a config's steps compiled for a TPU or GPU target on this machine: memory per chip, FLOPs, collectives, roofline).
 So ``python -m layerscale_jax.train`` installs its stop-signal handlers before jax is imported, and nothing imports
 TensorFlow, ml_collections, TFDS or grain before it is used.
@@ -23,7 +23,7 @@ def __getattr__(name: str):
     elif name in _API:
         from layerscale_jax import api as module
     elif name in _COMPILE:
-        from layerscale_jax.train import compile_for as module
+        from layerscale_jax.plan import compile_for as module
     else:
         raise AttributeError(f"module 'layerscale_jax' has no attribute {name!r}")
     value = globals()[name] = getattr(module, name)        # later lookups skip this function

@@ -1,5 +1,6 @@
 """The package's imports point one way: no import cycle anywhere in ``layerscale_jax`` (counting imports inside
-functions too), and ``layers/`` imports nothing from the subpackages built on top of it. Read statically from the
+functions too), ``layers/`` imports nothing from the subpackages built on top of it, and ``train/`` reaches the
+compile planner ``plan/`` only from its command. Read statically from the
 source (``ast``), so a lazy import that would close a cycle is caught without running it. And no file of the code is
 named like a standard-library module, which it would hide from whatever runs as a script beside it."""
 import ast
@@ -8,7 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "layerscale_jax"
-ABOVE_LAYERS = ("models", "optim", "data", "train", "convert", "bench")
+ABOVE_LAYERS = ("models", "optim", "data", "train", "plan", "convert", "bench")
 
 
 def module_name(path: Path) -> str:
@@ -108,6 +109,19 @@ def test_layers_import_nothing_from_the_packages_built_on_them():
     above = tuple(f"layerscale_jax.{p}" for p in ABOVE_LAYERS)
     wrong = {name: sorted(m for m in imports if m.startswith(above))
              for name, imports in import_graph().items() if name.startswith("layerscale_jax.layers")}
+    assert not {k: v for k, v in wrong.items() if v}
+
+
+def test_the_planner_sits_above_training_which_reaches_it_only_from_its_command():
+    """``plan/`` (compiling a run for hardware that is not here) builds on ``train/``; of ``train/`` only the command
+    (``train.__main__``: ``--compile_for``) imports it, and nothing below ``train`` does."""
+    graph = import_graph()
+    assert "layerscale_jax.train.loop" in graph["layerscale_jax.plan.compile_for"]
+    below = ("layerscale_jax.train", "layerscale_jax.layers", "layerscale_jax.models", "layerscale_jax.optim",
+             "layerscale_jax.data", "layerscale_jax.convert", "layerscale_jax.lora")
+    wrong = {name: sorted(m for m in imports if m.startswith("layerscale_jax.plan"))
+             for name, imports in graph.items()
+             if name.startswith(below) and name != "layerscale_jax.train.__main__"}
     assert not {k: v for k, v in wrong.items() if v}
 
 

@@ -30,7 +30,7 @@ RECIPES = recipes_module()
 
 @pytest.mark.parametrize("recipe", RECIPES.RECIPES, ids=lambda r: r.id)
 def test_the_recipe_compiles_for_its_target_and_fits(recipe):
-    from layerscale_jax.train.compile_for import compile_for
+    from layerscale_jax.plan.compile_for import compile_for
     report = compile_for(RECIPES.load(recipe), recipe.target, check_fit=False, eval_step=False)
     assert report.fits and 0 < report.peak_bytes <= report.hbm_per_chip, report.format()
     assert {"all-reduce", "reduce-scatter"} & set(report.collectives), report.collectives     # gradients reduced

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from layerscale_jax.train import loop as loop_lib
+from layerscale_jax.plan import hlo as hlo_lib
 from layerscale_jax.train import sharding as shard_lib
 
 from test_train import tiny_config
@@ -36,7 +37,7 @@ def batch_spec(mesh, eval_=False):
 
 
 def train_collectives(trainer, mesh):
-    return shard_lib.collectives(trainer.train_step.lower(trainer.abstract_state, batch_spec(mesh))
+    return hlo_lib.collectives(trainer.train_step.lower(trainer.abstract_state, batch_spec(mesh))
                                  .compile().as_text())
 
 
@@ -47,7 +48,7 @@ def largest_parameter(trainer):
 def test_collectives_are_read_from_hlo_text():
     line = ("  %all-reduce.1 = (f32[], bf16[64,256]{1,0}, f32[2]{0}, f32[3]{0}, f32[4]{0}, /*index=5*/f32[5]{0}) "
             "all-reduce(f32[] %a, bf16[64,256]{1,0} %b, ...), channel_id=1")
-    (found,) = shard_lib.collectives(line)
+    (found,) = hlo_lib.collectives(line)
     assert found.op == "all-reduce" and found.shapes == ((), (64, 256), (2,), (3,), (4,), (5,))
     assert found.bytes == 4 + 2 * 64 * 256 + 4 * (2 + 3 + 4 + 5)
 
@@ -75,7 +76,7 @@ def test_tensor_parallel_attention_is_split_by_heads(heads, dim, tensor):
     gathers = [c for c in train_collectives(trainer, mesh) if c.op == "all-gather" and c.largest >= BATCH * TOKENS]
     assert not gathers, f"activations gathered: {gathers}"
     # Forward pass: one all-reduce of the (batch·tokens, dim) stream per branch, i.e. two per block.
-    evaluation = shard_lib.collectives(trainer.eval_step.lower(trainer.abstract_state["params"],
+    evaluation = hlo_lib.collectives(trainer.eval_step.lower(trainer.abstract_state["params"],
                                                                batch_spec(mesh, eval_=True)).compile().as_text())
     stream_reduces = [c for c in evaluation if c.op == "all-reduce" and c.largest == activation]
     assert len(stream_reduces) == 2 * DEPTH, evaluation

@@ -1,5 +1,5 @@
 """The design card (docs/models.md, "Precision"; docs/multihost.md) checked on programs compiled by libtpu's TPU
-compiler for a v5e-4 slice (``train.compile_for.compile_steps``: the run's own steps), not on XLA:CPU:
+compiler for a v5e-4 slice (``plan.compile_for.compile_steps``: the run's own steps), not on XLA:CPU:
 
 - under ``dtype=bfloat16`` every matmul reads bf16 operands, except the backward of the attention logits, whose
   cotangent is the float32 of the logits (the TPU's default precision feeds it to the MXU in one bf16 pass); the
@@ -45,7 +45,7 @@ def config(depth=12, mesh=(1, 4, 1)):
 
 
 def compile_steps(**kwargs):
-    from layerscale_jax.train.compile_for import compile_steps as compile_
+    from layerscale_jax.plan.compile_for import compile_steps as compile_
     return compile_(config(**kwargs), "v5e-4")
 
 
@@ -112,8 +112,8 @@ def test_the_residual_stream_between_blocks_is_float32(fsdp):
 
 
 def test_fsdp_gathers_bf16_parameters_and_reduces_gradients_over_the_fsdp_axis(fsdp):
-    from layerscale_jax.train import sharding as shard_lib
-    found = shard_lib.collectives(fsdp.compiled["train"].as_text())
+    from layerscale_jax.plan import hlo as hlo_lib
+    found = hlo_lib.collectives(fsdp.compiled["train"].as_text())
     weights = [c for c in found if c.kind == "all-gather" and any(len(s) >= 2 and s[-2:] in (
         (WIDTH, 3 * WIDTH), (WIDTH, WIDTH), (WIDTH, 4 * WIDTH), (4 * WIDTH, WIDTH)) for s in c.shapes)]
     assert weights and all(set(c.dtypes) == {"bf16"} for c in weights), weights     # cast to bf16, then gathered
@@ -125,11 +125,11 @@ def test_fsdp_gathers_bf16_parameters_and_reduces_gradients_over_the_fsdp_axis(f
 
 
 def test_tensor_parallelism_over_whole_heads_gathers_no_activation():
-    from layerscale_jax.train import sharding as shard_lib
+    from layerscale_jax.plan import hlo as hlo_lib
     steps = compile_steps(mesh=(2, 1, 2))
     activation = (BATCH // 2) * TOKENS
     for name in ("train", "eval"):
-        found = shard_lib.collectives(steps.compiled[name].as_text())
+        found = hlo_lib.collectives(steps.compiled[name].as_text())
         gathered = [c for c in found if c.kind == "all-gather" and c.largest >= activation]
         assert not gathered, (name, gathered)
 

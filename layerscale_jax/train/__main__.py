@@ -10,7 +10,7 @@ of every process waiting for the others until a timeout.
 ``--compile_for TARGET`` (``v5e-256``, ``v4-32``, ``2xv5e-256``, ``8xh100``, ``v5e:16x16``, ...) compiles the run's
 train and eval steps for that target on this machine and prints per-chip memory against HBM, FLOPs, collectives and
 the roofline bound instead of training (no ``--workdir``, no data; ``--fit`` searches for a config that fits,
-``--json`` adds the report as one JSON line; ``train.compile_for``, docs/multihost.md "Will it fit?").
+``--json`` adds the report as one JSON line; ``plan.compile_for``, docs/multihost.md "Will it fit?").
 
 A mistake in the command line or the config is reported in one line (``error: ...``, exit status 2) before JAX
 starts: an unknown field names the closest valid ones, a bad value names the field and the value. ``--debug`` (or
@@ -148,7 +148,7 @@ def parse_job(argv: list[str]) -> tuple[flags.FlagValues, Experiment]:
     if not flag_values.workdir and not flag_values.compile_for:
         raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
     if flag_values.compile_for:
-        from layerscale_jax.train.targets import parse_target
+        from layerscale_jax.plan.targets import parse_target
         parse_target(flag_values.compile_for)       # an unknown target: one line listing the known ones
     elif flag_values.fit or flag_values.json:
         raise UserError("--fit and --json go with --compile_for TARGET")
@@ -224,7 +224,7 @@ def main(argv: list[str]) -> int:
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)
     if parsed.compile_for:
-        from layerscale_jax.train.compile_for import compile_command
+        from layerscale_jax.plan.compile_for import compile_command
         return compile_command(experiment, parsed.compile_for, fit=parsed.fit, as_json=parsed.json)
     from layerscale_jax.train.loop import train_and_evaluate
 

@@ -3,12 +3,12 @@
 The steps are exactly those ``train_and_evaluate`` would jit (``loop.create_trainer``: the same mesh, shardings,
 dtype, remat, scan, optimizer, Mixup, EMA, LoRA), lowered with abstract inputs (``jax.ShapeDtypeStruct``s carrying
 their shardings; nothing is allocated, no data read) over device descriptions of the target
-(``train.targets``), and compiled by the target's own compiler (libtpu's for TPU) on this machine. The report:
+(``plan.targets``), and compiled by the target's own compiler (libtpu's for TPU) on this machine. The report:
 
     memory per chip     ``compiled.memory_analysis()``: arguments + outputs − aliased (donated state) + temporaries
                         + generated code, against the chip's HBM
     FLOPs per step      the analytic model FLOPs (``bench.flops``; XLA's cost analysis counts a scanned layer once)
-    collectives         per kind, from the compiled HLO (``sharding.collectives``)
+    collectives         per kind, from the compiled HLO (``plan.hlo``)
     roofline bound      max(FLOPs / (chips × bf16 peak), bytes / HBM bandwidth), bytes = one chip's arguments read
                         + outputs and temporaries written once (activation re-reads not counted): a lower bound on
                         the step time; MFU ceiling = FLOPs / (chips × peak) / bound
@@ -26,8 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from layerscale_jax.errors import UserError
+from layerscale_jax.plan import hlo as hlo_lib
 from layerscale_jax.train import sharding as shard_lib
-from layerscale_jax.train import targets as targets_lib
+from layerscale_jax.plan import targets as targets_lib
 from layerscale_jax.train.config import as_experiment
 from layerscale_jax.train.config import with_overrides as _with
 
@@ -269,7 +270,7 @@ def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSte
 
 
 def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool = True) -> CompileReport:
-    """Compile ``config``'s train and eval steps for ``target`` (a name of ``train.targets``) and report per-chip
+    """Compile ``config``'s train and eval steps for ``target`` (a name of ``plan.targets``) and report per-chip
     memory, FLOPs, collectives and the roofline bound. ``check_fit``: a run that does not fit the chip's HBM
     raises ``DoesNotFit`` (a ``UserError``: one line with the numbers) instead of returning its report.
     ``eval_step=False`` compiles the train step only."""
@@ -286,7 +287,7 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
         train_memory=StepMemory.of(compiled["train"]),
         eval_memory=StepMemory.of(compiled["eval"]) if eval_step else None,
         flops_per_step=analytic_flops(steps.trainer),
-        collectives=shard_lib.collectives_by_kind(shard_lib.collectives(compiled["train"].as_text())),
+        collectives=hlo_lib.collectives_by_kind(hlo_lib.collectives(compiled["train"].as_text())),
         compile_seconds=steps.seconds, peak_flop_per_s=parsed.chip.peak_bf16_flop_per_s,
         hbm_bytes_per_s=parsed.chip.hbm_bytes_per_s)
     if check_fit and not report.fits:

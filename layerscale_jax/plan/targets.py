@@ -1,5 +1,5 @@
 """Compile targets: the accelerators a run is planned for, by the names their users know, and each chip's published
-figures (``python -m layerscale_jax.train --compile_for NAME``; ``train.compile_for``).
+figures (``python -m layerscale_jax.train --compile_for NAME``; ``plan.compile_for``).
 
 Names (case-insensitive):
 
@@ -117,7 +117,7 @@ class Target:
         """Bytes a program may use on one chip: a TPU chip's HBM; on a GPU, the share of its memory JAX lets XLA use
         (``gpu_targets.usable_memory_bytes``: 0.75 of what XLA's target description gives, by default)."""
         if self.chip.platform == "cuda":
-            from layerscale_jax.train import gpu_targets
+            from layerscale_jax.plan import gpu_targets
             return gpu_targets.usable_memory_bytes(self.chip_key)
         return self.chip.hbm_bytes
 
@@ -126,7 +126,7 @@ class Target:
         """Where ``memory_per_chip`` comes from, where it is not simply the chip's HBM."""
         if self.chip.platform != "cuda":
             return ""
-        from layerscale_jax.train import gpu_targets
+        from layerscale_jax.plan import gpu_targets
         device = gpu_targets.device_memory_bytes(self.chip_key) / GiB
         return f"JAX's {gpu_targets.memory_fraction():.2f} of the {device:.2f} GiB a GPU has: XLA_CLIENT_MEM_FRACTION"
 
@@ -198,12 +198,12 @@ _TPU_HOST_VARIABLES = ("TPU_WORKER_HOSTNAMES", "TPU_HOST_BOUNDS", "TPU_ACCELERAT
 
 def target_devices(target: Target) -> list:
     """Device descriptions of every chip of ``target``, without the hardware: TPU ones from libtpu's topology
-    (``jax.experimental.topologies``), GPU ones from ``train.gpu_targets`` (XLA's GPU target descriptions)."""
+    (``jax.experimental.topologies``), GPU ones from ``plan.gpu_targets`` (XLA's GPU target descriptions)."""
     if target.chip.platform == "cuda":
         try:
-            from layerscale_jax.train import gpu_targets
+            from layerscale_jax.plan import gpu_targets
         except ImportError as err:
-            raise UserError(f"--compile_for {target.name}: GPU targets need layerscale_jax/train/gpu_targets.py, "
+            raise UserError(f"--compile_for {target.name}: GPU targets need layerscale_jax/plan/gpu_targets.py, "
                             f"which this installation lacks ({err})") from err
         return gpu_targets.gpu_devices(target.chip_key, target.num_hosts, target.shape[0])
     if importlib.util.find_spec("libtpu") is None:
