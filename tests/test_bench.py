@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from layerscale_jax.bench import cli, flops, peer
+from layerscale_jax.bench import cli, flops, peer, timing
 from layerscale_jax.bench.step import CompiledStep, StepSpec, measure_train_step
 from layerscale_jax.models import model_config
 
@@ -20,6 +20,25 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "layerscale_jax" / "bench"
 
 
+@pytest.fixture
+def step_seconds(monkeypatch):
+    """Timing on a clock that only the timed calls move: ``step_seconds[name] = s`` makes each of contender
+    ``name``'s steps last exactly ``s`` seconds (the calls still run), so what a benchmark reports follows exactly."""
+    seconds, clock = {}, [0.0]
+    real_measure = timing.measure
+
+    def advancing(name, call):
+        def run(k):
+            call(k)
+            clock[0] += k * seconds[name]
+        return run
+
+    monkeypatch.setattr(timing, "measure",
+                        lambda calls, **kw: real_measure({n: advancing(n, c) for n, c in calls.items()}, **kw))
+    monkeypatch.setattr(timing, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    return seconds
+
+
 def no_torch(monkeypatch):
     import importlib.util
     real_find_spec = importlib.util.find_spec
@@ -28,19 +47,24 @@ def no_torch(monkeypatch):
 
 
 @pytest.mark.slow
-def test_train_step_at_a_toy_size_reports_the_json_keys(capsys):
+def test_train_step_at_a_toy_size_reports_speed_flops_and_mfu_from_the_step_time(capsys, step_seconds):
+    step_seconds.update(ours=0.25, mm=2 * 2048 ** 3 / 1e11)             # a step: 250 ms; the matmul peak: 100 GFLOP/s
     cli.main(["train_step", "--batch", "4", "--repeats", "1", "--min-repeat-s", "0", "--json", *TOY_FLAGS])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    for key in ("img_per_s", "step_time_s", "flops_per_step", "mfu", "compile_s", "peak_memory_bytes"):
-        assert result[key] is not None and result[key] > 0, key
+    analytic = flops.train_step_flops(model_config("deit3_small_patch16_224", **TOY), 4)
+    assert result["step_time_s"] == 0.25 and result["img_per_s"] == 4 / 0.25
+    assert result["model_flops_per_step"] == analytic and result["matmul_peak_flop_per_s"] == pytest.approx(1e11)
+    assert result["mfu"] == pytest.approx(analytic / 0.25 / 1e11)
+    assert result["compile_s"] > 0 and result["peak_memory_bytes"] > 0
     assert result["overrides"] == TOY
 
 
 @pytest.mark.slow
-def test_vs_timm_without_torch_says_so_and_still_reports_ours(monkeypatch):
+def test_vs_timm_without_torch_says_so_and_still_reports_ours(monkeypatch, step_seconds):
     no_torch(monkeypatch)
+    step_seconds.update(ours=0.5)
     r = measure_train_step(StepSpec(batch=2, overrides=TOY), vs_timm=True, repeats=1, min_repeat_s=0, peak=PEAK)
-    assert r["img_per_s"] > 0
+    assert r["img_per_s"] == 2 / 0.5
     assert r["timm_img_per_s"] is None and r["ratio_vs_timm"] is None
     assert "not importable" in r["timm_skipped"] and "--timm-python" in r["timm_skipped"]
 
@@ -90,14 +114,14 @@ def test_the_peer_is_big_vision_vit_with_a_hand_counted_parameter_count():
 
 
 @pytest.mark.slow
-def test_vs_peer_times_the_peer_alternately_and_reports_ratio_and_flops():
+def test_vs_peer_times_the_peer_alternately_and_reports_ratio_and_flops(step_seconds):
+    step_seconds.update(ours=0.25, peer=0.5)                   # the peer twice as slow: ours is 2× faster
     r = measure_train_step(StepSpec(batch=2, overrides=TOY), vs_peer=True, repeats=3, min_repeat_s=0, peak=PEAK)
-    assert r["peer"] == peer.LABEL
-    for key in ("peer_step_s", "peer_img_per_s", "ours_over_peer", "ours_over_peer_paired", "peer_flops_analytic"):
-        assert r[key] > 0, key
-    assert r["ours_over_peer"] == pytest.approx(r["peer_step_s"] / r["step_time_s"])
+    assert r["peer"] == peer.LABEL and r["peer_step_s"] == 0.5 and r["peer_img_per_s"] == 4.0
+    assert r["ours_over_peer"] == 2.0 and r["ours_over_peer_paired"] == 2.0
     # The only FLOP difference is our class token: 17 tokens against the peer's 16 at this toy size.
-    assert r["flops_ours_over_peer"] == r["flops_analytic"] / r["peer_flops_analytic"] > 1
+    cfg = model_config("deit3_small_patch16_224", **TOY)
+    assert r["peer_flops_analytic"] == flops.train_step_flops(cfg, 2, class_token=False) < r["flops_analytic"]
     assert r["num_params"] - r["peer_num_params"] == 64 + 2 * 2 * 64       # class token + LayerScale's γ
 
 
@@ -121,12 +145,14 @@ def test_analytic_flops_agree_with_xla_cost_analysis(model):
 
 
 @pytest.mark.slow
-def test_xla_options_compiles_each_option_set_and_times_them_against_the_default():
+def test_xla_options_compiles_each_option_set_and_times_them_against_the_default(step_seconds):
     from layerscale_jax.bench.entries import bench_xla_options
+    step_seconds.update(xla_default=0.3, ynn_off=0.2)
     r = bench_xla_options(("ynn_off",), cases=[("toy", StepSpec(batch=2, overrides=TOY))], repeats=1)
     rows = {row["option"]: row for row in r["rows"]}
     assert set(rows) == {"xla_default", "ynn_off"}
-    assert rows["ynn_off"]["error"] is None and rows["ynn_off"]["step_time_s"] > 0
+    assert rows["ynn_off"]["error"] is None and rows["ynn_off"]["step_time_s"] == pytest.approx(0.2)
+    assert [rows[n]["speedup_vs_default"] for n in ("xla_default", "ynn_off")] == pytest.approx([1.0, 1.5])
     assert rows["ynn_off"]["library_calls"]["ynn_fusion"] == 0
     with pytest.raises(ValueError, match="--options: unknown XLA option set.*no_such_option"):
         bench_xla_options(("no_such_option",))
@@ -203,13 +229,14 @@ def test_report_of_two_machines_puts_each_benchmarks_rows_side_by_side(capsys):
 
 
 @pytest.mark.slow
-def test_optimizer_entry_times_the_trainer_optimizer_against_plain_adamw_and_reports_the_ratio():
+def test_optimizer_entry_times_the_trainer_optimizer_against_plain_adamw_and_reports_the_ratio(step_seconds):
     from layerscale_jax.bench import trainer
     from layerscale_jax.bench.report import report
+    step_seconds.update(ours=0.003, plain=0.002)
     r = trainer.bench_optimizer(depths=(2,), layouts=("scan",), layer_decays=(0.75,), repeats=1, min_repeat_s=0.0)
     (row,) = r["rows"]
     assert row["depth"] == 2 and row["layout"] == "scan" and row["leaves"] > 0
-    assert row["ours_s"] > 0 and row["plain_s"] > 0
+    assert (row["ours_s"], row["plain_s"]) == pytest.approx((0.003, 0.002)) and row["ratio"] == pytest.approx(1.5)
     assert row["state_nodes"] > 2 * row["leaves"] and row["stablehlo_ops"] > 0
     table = report({"entries": {"optimizer": r}, "machine": {"cpu": "test cpu"}})
     assert f"scan, layer decay 0.75, depth 2 | {row['ours_s'] * 1e3:.1f}/{row['plain_s'] * 1e3:.1f} ms" in table
@@ -248,20 +275,35 @@ def test_the_bench_command_line_imports_nothing_heavier_than_the_models_do():
     assert out.stdout.strip() == "[]"
 
 
-def test_every_entry_prints_its_results_from_a_committed_results_file(capsys):
+def test_every_entry_prints_a_line_per_row_and_per_scalar_of_a_committed_results_file(capsys):
     from layerscale_jax.bench.entries import ENTRIES, display
+    from layerscale_jax.bench.report import REASONS, fmt, get
     results = json.loads((REPO / "benchmarks/results/cpu2_2026-11-29.json").read_text())
+    assert {"train_step", "optimizer", "all"} <= set(ENTRIES) and len(results["entries"]) > 8
     for name, result in results["entries"].items():
-        display(name.split("_deit3")[0], result)
-    out = capsys.readouterr().out
-    assert "ratio_vs_timm" in out and "speedup_vs_default" in out and {"train_step", "optimizer", "all"} <= set(ENTRIES)
+        name = name.split("_deit3")[0]
+        display(name, result)
+        lines = capsys.readouterr().out.splitlines()
+        for key in [k for k, v in result.items() if isinstance(v, (str, int, float)) and k not in REASONS]:
+            assert sum(line.split()[:1] == [key] for line in lines) == 1, (name, key)      # one line: key, value
+        assert not [line for line in lines if line.split()[:1] in (["machine"], ["times_s"])], name
+        columns = ENTRIES[result.get("benchmark", name)][1]
+        for rows in [v for v in result.values() if isinstance(v, list) and v and isinstance(v[0], dict)]:
+            first = next(c for c in columns if any(get(r, c) is not None for r in rows))   # header, then its rows
+            header = next(i for i, line in enumerate(lines) if line.strip().startswith(first))
+            assert [line.strip().split("  ")[0] for line in lines[header + 1:header + 1 + len(rows)]] == \
+                [fmt(first, get(r, first)) for r in rows], name
+    display("train_step", results["entries"]["train_step_deit3_small_b16_float32"])
+    out = capsys.readouterr().out.splitlines()
+    assert "  ratio_vs_timm                    0.732" in out and "  mfu                              45.7%" in out
 
 
 @pytest.mark.slow
-def test_layerscale_times_both_branch_scalings_alternately_and_reports_the_overhead():
+def test_layerscale_times_both_branch_scalings_alternately_and_reports_the_overhead(step_seconds):
     from layerscale_jax.bench.entries import bench_layerscale
+    step_seconds.update(layerscale=0.102, none=0.1)                      # the overhead itself: benchmarks/results
     (row,) = bench_layerscale(repeats=3, cases=[("toy", 2, dict(TOY, init_values="auto"))])["rows"]
-    assert row["layerscale_step_s"] > 0 and row["none_step_s"] > 0      # the overhead itself: benchmarks/results
+    assert (row["layerscale_step_s"], row["none_step_s"], row["overhead"]) == pytest.approx((0.102, 0.1, 0.02))
     assert row["variants"]["layerscale"]["bytes_accessed"] > row["variants"]["none"]["bytes_accessed"] > 0
 
 

@@ -17,18 +17,28 @@ from layerscale_jax.train.config import DEFAULT_CACHE_DIR
 
 from test_train import ROOT, TINY, subprocess_env
 
+CACHE_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
 HIT = "Persistent compilation cache hit for 'jit_wrapped'"       # the train step (see tests/test_storage.py)
 
 
-def test_several_processes_use_the_workdirs_cache_instead_of_a_per_host_default(monkeypatch):
-    updates = []
-    monkeypatch.setattr(loop_lib.jax.config, "update", lambda name, value: updates.append((name, value)))
+@pytest.fixture
+def jax_cache_settings():
+    """JAX's compilation-cache settings as the test leaves them, then restored."""
+    before = {n: getattr(loop_lib.jax.config, n) for n in CACHE_SETTINGS}
+    yield
+    for name, value in before.items():
+        loop_lib.jax.config.update(name, value)
+
+
+def test_several_processes_use_the_workdirs_cache_instead_of_a_per_host_default(monkeypatch, jax_cache_settings):
+    cache_dir = lambda: loop_lib.jax.config.jax_compilation_cache_dir                      # noqa: E731
     monkeypatch.setattr(loop_lib.jax, "process_count", lambda: 2)
     assert loop_lib.use_compilation_cache(DEFAULT_CACHE_DIR, "gs://bucket/run") == "gs://bucket/run/xla_cache"
-    assert updates[0] == ("jax_compilation_cache_dir", "gs://bucket/run/xla_cache")
-    assert loop_lib.use_compilation_cache("/shared/xla", "gs://bucket/run") == "/shared/xla"    # as set
+    assert cache_dir() == "gs://bucket/run/xla_cache"
+    assert loop_lib.use_compilation_cache("/shared/xla", "gs://bucket/run") == "/shared/xla" == cache_dir()  # as set
     monkeypatch.setattr(loop_lib.jax, "process_count", lambda: 1)
     assert loop_lib.use_compilation_cache(DEFAULT_CACHE_DIR, "gs://bucket/run") == DEFAULT_CACHE_DIR
+    assert cache_dir() == os.path.expanduser(DEFAULT_CACHE_DIR)
 
 
 def two_processes(bucket, *args, env=()):

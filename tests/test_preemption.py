@@ -362,13 +362,13 @@ def test_a_notice_during_an_evaluation_stops_right_after_it_in_every_process(tmp
             signal.raise_signal(signal.SIGTERM)              # JAX's preemption notifier owns SIGTERM here
             while not stops.requested_anywhere():            # its notifier polls about once a second
                 time.sleep(0.05)
-            print("agreed", stops.notice_time() - sent, stops.exit_status)
+            print("agreed", sent, stops.notice_time(), time.time(), stops.exit_status)
     """)
     proc = subprocess.run([sys.executable, "-c", script], env=subprocess_env(2), capture_output=True, text=True,
                           timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    _, lag, status = proc.stdout.split()
-    assert 0 <= float(lag) < 5 and status == "143"          # the notice's own time: when the signal came
+    _, sent, notice, agreed, status = proc.stdout.split()
+    assert float(sent) <= float(notice) <= float(agreed) and status == "143"     # the notice's own time: when it came
 
 
 @pytest.mark.parametrize("deadline, saved", [(1e-6, [2]), (0.0, [2, 3])], ids=["deadline_too_short", "no_deadline"])

@@ -17,6 +17,7 @@ from layerscale_jax.train import goodput as goodput_lib
 from layerscale_jax.train import loop as loop_lib
 
 from cloud_bucket import cloud_bucket
+from test_compile_cache_pod import jax_cache_settings  # noqa: F401 - a fixture
 from test_train import ROOT, TINY, read_metrics, subprocess_env, tiny_config
 
 STEPS = 6
@@ -128,14 +129,15 @@ def test_a_restart_loads_its_programs_from_the_compilation_cache(tmp_path):
     assert "Persistent compilation cache hit for 'jit_wrapped'" in second.stderr
 
 
-def test_an_empty_compilation_cache_dir_leaves_the_cache_off(monkeypatch):
-    updates = []
-    monkeypatch.setattr(loop_lib.jax.config, "update", lambda name, value: updates.append((name, value)))
-    loop_lib.use_compilation_cache("")
-    assert updates == []
-    loop_lib.use_compilation_cache("~/cache")
-    assert updates == [("jax_compilation_cache_dir", os.path.expanduser("~/cache")),
-                       ("jax_persistent_cache_min_compile_time_secs", 0.0)]
+@pytest.mark.usefixtures("jax_cache_settings")
+def test_an_empty_compilation_cache_dir_leaves_the_cache_off(monkeypatch, tmp_path):
+    config = loop_lib.jax.config
+    config.update("jax_compilation_cache_dir", None)
+    assert loop_lib.use_compilation_cache("") == "" and config.jax_compilation_cache_dir is None
+    monkeypatch.setenv("HOME", str(tmp_path))
+    loop_lib.use_compilation_cache("~/cache")                  # every program cached, however fast it compiled
+    assert config.jax_compilation_cache_dir == str(tmp_path / "cache")
+    assert config.jax_persistent_cache_min_compile_time_secs == 0.0
 
 
 def test_gs_paths_stay_epath_urls():
