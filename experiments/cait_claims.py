@@ -94,7 +94,8 @@ def cait_claims(depths: Sequence[int]) -> tuple[Claim, ...]:
 
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the input order: sorted ascending, the i-th smallest (from 0) times
-    ``m − i``, made non-decreasing, capped at 1."""
+    ``m − i``, made non-decreasing, capped at 1. (Not statsmodels' ``multipletests``: it would be the only user of
+    statsmodels, pandas and patsy, for these six lines.)"""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])
     adjusted, running = [0.0] * len(p_values), 0.0
     for rank, i in enumerate(order):

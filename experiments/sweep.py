@@ -211,11 +211,11 @@ def summarise(values: Iterable[float], confidence: float = 0.95) -> Summary:
     if not values:
         raise ValueError("summarise: no values")
     mean = statistics.mean(values)
-    if len(values) == 1:
-        return Summary(1, mean, 0.0, mean, mean)
-    std = statistics.stdev(values)
-    half = float(stats.t.ppf((1 + confidence) / 2, len(values) - 1)) * std / math.sqrt(len(values))
-    return Summary(len(values), mean, std, mean - half, mean + half)
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    if std == 0:                                   # one value, or all equal: scipy's interval needs a positive scale
+        return Summary(len(values), mean, std, mean, mean)
+    low, high = stats.t.interval(confidence, len(values) - 1, loc=mean, scale=std / math.sqrt(len(values)))
+    return Summary(len(values), mean, std, float(low), float(high))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -153,6 +153,8 @@ def test_summary_mean_std_and_t_confidence_interval_match_a_hand_computation():
     assert s.ci_low == pytest.approx(3 - 1.9632, abs=2e-4) and s.ci_high == pytest.approx(3 + 1.9632, abs=2e-4)
     one = sweep.summarise([0.7])
     assert (one.mean, one.std, one.ci_low, one.ci_high) == (0.7, 0.0, 0.7, 0.7)
+    same = sweep.summarise([0.5, 0.5, 0.5])                    # all seeds agree: an interval of width 0, no NaN
+    assert (same.n, same.std, same.ci_low, same.ci_high) == (3, 0.0, 0.5, 0.5)
 
 
 def student_t_two_sided_p(t, dof):

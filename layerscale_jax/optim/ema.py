@@ -17,6 +17,7 @@ def ema_update(ema_params, params, decay):
     if isinstance(decay, (int, float)) and not 0.0 <= decay <= 1.0:
         raise ConfigError(f"ema_decay={decay!r} must lie in [0, 1]")
 
+    # Not optax.incremental_update: its (1 − d)·w + (1 − (1 − d))·e fuses into other FMAs under jit (not bit for bit)
     def update(e, w):
         new = decay * e.astype(jnp.float32) + (1.0 - decay) * w.astype(jnp.float32)
         return new.astype(e.dtype)

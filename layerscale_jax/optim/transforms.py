@@ -91,8 +91,13 @@ def add_weight_decay(rate: float, decays: Table) -> optax.GradientTransformation
 
 
 def scale_by_trust_ratio(adapt: Table, stacked: Table) -> optax.GradientTransformation:
-    """LAMB's trust ratio ``‖w‖ / ‖u‖`` (1 where either norm is 0) for the parameters whose ``adapt`` entry is true;
-    for a stacked parameter the norms are taken per layer (over every axis but the leading one)."""
+    """LAMB's trust ratio ``‖w‖ / ‖u‖`` (1 where either norm is 0; ``optax.scale_by_trust_ratio``) for the parameters
+    whose ``adapt`` entry is true. optax takes one norm per tensor: a stacked parameter's are per layer, optax's
+    ratio mapped over the leading axis."""
+    trust = optax.scale_by_trust_ratio()
+
+    def one(u, w):
+        return trust.update(u, optax.EmptyState(), w)[0]
 
     def update_fn(updates, state, params=None):
         if params is None:
@@ -101,11 +106,7 @@ def scale_by_trust_ratio(adapt: Table, stacked: Table) -> optax.GradientTransfor
         def apply(path, u, w):
             if not lookup(adapt, path, "scale_by_trust_ratio"):
                 return u
-            axes = tuple(range(1, u.ndim)) if stacked[path] else None
-            w_norm = jnp.sqrt(jnp.sum(jnp.square(w.astype(jnp.float32)), axis=axes, keepdims=True))
-            u_norm = jnp.sqrt(jnp.sum(jnp.square(u.astype(jnp.float32)), axis=axes, keepdims=True))
-            ratio = jnp.where((w_norm == 0) | (u_norm == 0), 1.0, w_norm / jnp.where(u_norm == 0, 1.0, u_norm))
-            return u * ratio.astype(u.dtype)
+            return (jax.vmap(one) if stacked[path] else one)(u, w)
 
         return _map(apply, updates, params), state
 
