@@ -142,6 +142,25 @@ def use_cpu_without_accelerator(environ=os.environ) -> bool:
     return True
 
 
+# Read by JAX's GPU client as it starts (jaxlib/xla_client.py): a value that is no number was an 11-line plugin
+# traceback blaming the plugin, on the first device use.
+MEMORY_FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+
+
+def check_environment(environ=os.environ) -> None:
+    """The environment variables JAX reads later, checked as the command starts: ``UserError`` naming the first bad
+    one and its value."""
+    for name in MEMORY_FRACTION_VARIABLES:
+        text = environ.get(name, "")
+        try:
+            fine = not text or 0 < float(text) <= 1
+        except ValueError:
+            fine = False
+        if not fine:
+            raise UserError(f"{name}={text!r} in the environment: the fraction of each GPU's memory JAX takes is a "
+                            f"number in (0, 1], e.g. {name}=0.9; fix or unset it")
+
+
 def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> int:
     """Run ``main(argv)`` (argv without the program name; default ``sys.argv[1:]``) and return its exit status.
 
@@ -155,6 +174,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
     debug = debug_enabled(argv)
     argv = [a for a in argv if a != DEBUG_FLAG]
     try:
+        check_environment()
         with _argparse_errors_raise():
             status = main(argv)
         return 0 if status is None else int(status)

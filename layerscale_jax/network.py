@@ -47,3 +47,16 @@ def cloud_storage_problem(timeout: float = CONNECT_TIMEOUT_S) -> str | None:
         text = getattr(cause, "strerror", None) or str(cause) or type(cause).__name__
         return f"{GCS_URL} cannot be reached{via} ({text})"
     return None
+
+
+def cloud_path_problem(path, field: str) -> str | None:
+    """For a ``gs://`` path (``paths.as_path``'s) whose storage cannot be reached: ``"FIELD=PATH: <the endpoint>
+    cannot be reached (cause); check the network ..."``; None for a local path or a reachable endpoint. Asked where a
+    run takes such a path in, before anything reads it (gfile's retries, TFDS's 56-line trace)."""
+    if not os.fspath(path).startswith("gs://"):
+        return None
+    problem = cloud_storage_problem()
+    if problem is None:
+        return None
+    return (f"{field}={os.fspath(path)}: {problem}; check the network (or HTTPS_PROXY) and the credentials (gcloud auth "
+            "application-default login)")

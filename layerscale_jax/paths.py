@@ -50,8 +50,12 @@ def read_json(path: epath.Path, remedy: str):
 
 def as_path(path, field: str = "path") -> epath.Path:
     """The ``epath.Path`` of ``path`` as a user wrote it (see the module docstring); ``field`` names it in the
-    one-line error for an unsupported scheme."""
+    one-line error for an empty path or an unsupported scheme ('' is no path: it would name the current
+    directory)."""
     text = os.fspath(path)
+    if not text.strip():
+        raise UserError(f"{field}={text!r} is empty: give a path (a local one, ~/..., file://PATH or "
+                        "gs://BUCKET/PATH)")
     match = _SCHEME.match(text)
     if match is None:
         return epath.Path(os.path.abspath(os.path.expanduser(text)))

@@ -60,6 +60,27 @@ def test_a_live_lock_from_another_host_is_refused_naming_the_holder_and_its_expi
     assert holder(tmp_path)["token"] == "theirs"                       # untouched
 
 
+def test_a_lock_whose_heartbeat_lies_beyond_the_expiry_in_the_future_is_taken_over_saying_so(tmp_path, capsys):
+    """Clock skew: another host's heartbeat 72 years ahead was never taken over ("last heartbeat -2274377736 s
+    ago"). Beyond the expiry period in the future, no age can be judged: taken over, the line says why."""
+    write_lock(tmp_path, heartbeat_age=-2274377736)
+    lock = WorkdirLock(tmp_path, clock=lambda: NOW, environ={})
+    lock.acquire()
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "taking over" in out[0]
+    assert "last heartbeat is 2274377736 s in the future of this host's clock (more than 5 × 60 s)" in out[0]
+    assert holder(tmp_path)["pid"] == os.getpid()
+    lock.release()
+
+
+def test_a_lock_whose_heartbeat_is_a_little_in_the_future_is_live(tmp_path):
+    """A small skew within the expiry period: the holder is live, and the refusal says the heartbeat is ahead."""
+    write_lock(tmp_path, heartbeat_age=-(STALE_AFTER_HEARTBEATS * HEARTBEAT_SECONDS - 1))
+    with pytest.raises(WorkdirError, match=r"last heartbeat 299 s in the future of this host's clock; taken over "):
+        WorkdirLock(tmp_path, clock=lambda: NOW, environ={}).acquire()
+    assert holder(tmp_path)["token"] == "theirs"
+
+
 def test_a_requeue_of_the_same_slurm_job_takes_over_its_earlier_runs_lock_at_once(tmp_path, capsys):
     """``scontrol requeue`` (or --requeue after a node failure): same SLURM_JOB_ID, SLURM_RESTART_COUNT raised, maybe
     another node; the earlier run's heartbeat is still fresh."""
@@ -88,10 +109,11 @@ def test_scheduler_job_ids_of_slurm_and_torchrun():
     assert scheduler_job({}) is None
 
 
-@pytest.mark.parametrize("text", ["", "\n", '{"host": "t1v', "[]", '"lock"'], ids=["empty", "newline", "torn",
-                                                                                    "list", "string"])
+@pytest.mark.parametrize("text", ["", "\n", '{"host": "t1v', "[]", '"lock"', b"\x8f\xfe\x00\xc3(\x9d\xa0random"],
+                         ids=["empty", "newline", "torn", "list", "string", "random_bytes"])
 def test_an_empty_or_garbled_lock_is_taken_over_in_one_line(tmp_path, capsys, text):
-    (tmp_path / "lock.json").write_text(text)
+    """Random bytes (not UTF-8) were a 35-line UnicodeDecodeError."""
+    (tmp_path / "lock.json").write_bytes(text if isinstance(text, bytes) else text.encode())
     lock = WorkdirLock(tmp_path)
     lock.acquire()
     out = capsys.readouterr().out.strip().splitlines()

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import zipfile
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
+from etils import epath
 
 from layerscale_jax.convert.naming import to_numpy, unwrap_state_dict
 from layerscale_jax.errors import InputFileError, UserError
+from layerscale_jax.paths import is_url
 
 
 class MissingDependencyError(UserError, ImportError):
@@ -27,21 +30,21 @@ def is_timm_file(path: str | Path) -> bool:
 def read_state_dict(path: str | Path) -> dict[str, np.ndarray]:
     """A timm or official checkpoint file as a flat ``name → numpy array`` mapping (wrappers such as ``model``
     removed; the names are left as in the file)."""
-    path = Path(path)
+    path = epath.Path(path)              # gs://... too: read whole into memory (pathlib would make it gs:/...)
     if path.is_dir():
         raise IsADirectoryError(f"weights file {str(path)!r} is a directory")
     if not path.is_file():
         raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
     suffix = path.suffix
     if suffix == ".safetensors":
-        from safetensors.numpy import load_file
+        from safetensors.numpy import load, load_file
         try:
-            tensors = load_file(str(path))
+            tensors = load(path.read_bytes()) if is_url(path) else load_file(str(path))
         except Exception as err:  # safetensors raises its own SafetensorError (header too large, truncated, ...)
             raise InputFileError(f"{str(path)!r} is not a valid safetensors file ({err})") from err
     elif suffix == ".npz":
         try:
-            with np.load(path, allow_pickle=False) as npz:
+            with np.load(io.BytesIO(path.read_bytes()) if is_url(path) else path, allow_pickle=False) as npz:
                 tensors = {k: npz[k] for k in npz.files}
         except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
             raise InputFileError(f"{str(path)!r} is not a valid .npz file of arrays ({err})") from err
@@ -62,7 +65,8 @@ def _torch_load(path: Path) -> Mapping:
         raise MissingDependencyError(f"reading {str(path)!r} needs torch (pip install 'layerscale-jax[timm]'); "
                           "safetensors and npz files need no torch") from err
     try:
-        return torch.load(str(path), map_location="cpu", weights_only=True)
+        return torch.load(io.BytesIO(path.read_bytes()) if is_url(path) else str(path), map_location="cpu",
+                          weights_only=True)
     except Exception as err:  # torch raises UnpicklingError for anything beyond tensors and containers
         raise InputFileError(
             f"{str(path)!r} could not be read with torch.load(weights_only=True) (it holds more than tensors, "

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Mapping
@@ -28,6 +29,7 @@ from typing import Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from flax import nnx
 
 from layerscale_jax.convert.files import flatten_tensors, is_timm_file, read_state_dict
@@ -53,6 +55,7 @@ from layerscale_jax.convert.workdir import (
 )
 from layerscale_jax.errors import ConfigError, InputFileError, UserError
 from layerscale_jax.models.registry import create_from_config, create_model, list_models, model_config
+from layerscale_jax.paths import as_path, is_url
 from layerscale_jax.orbax_failures import log_orbax_errors_on_one_line, release_waiting_save_threads
 
 
@@ -84,7 +87,8 @@ def _read_source(source) -> Source:
         return source
     if isinstance(source, Mapping):
         return timm_source(flatten_tensors(source), "the given state dict")
-    path = Path(source)
+    # gs://... read as such (pathlib made it gs:/...); file://... local; another scheme: one line naming it
+    path = as_path(source, "pretrained source") if is_url(os.fspath(source)) else epath.Path(source)
     if path.is_dir():
         if is_training_workdir(path):
             return workdir_source(path)

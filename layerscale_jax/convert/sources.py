@@ -17,7 +17,7 @@ from layerscale_jax.convert.naming import timm_to_ours
 from layerscale_jax.errors import InputFileError
 from layerscale_jax.models.mae import MAEConfig
 from layerscale_jax.models.registry import model_config
-from layerscale_jax.paths import read_json
+from layerscale_jax.paths import is_url, read_json
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ def timm_source(tensors: Mapping[str, np.ndarray], description: str) -> Source:
 
 def read_model_json(path: str | Path) -> dict:
     """The ``model.json`` record of a ``save_pretrained`` directory."""
-    path = Path(path)
-    record = read_json(epath.Path(path) / MODEL_JSON, "convert the weights again (python -m layerscale_jax.convert "
+    path = epath.Path(path)
+    record = read_json(path / MODEL_JSON, "convert the weights again (python -m layerscale_jax.convert "
                        "... --out DIR --overwrite) or save_pretrained(model, DIR, overwrite=True)")
     if record.get("format") != FORMAT:
         raise InputFileError(f"{str(path / MODEL_JSON)!r}: format {record.get('format')!r}, expected {FORMAT!r}")
@@ -78,7 +78,7 @@ def orbax_source(path: Path) -> Source:
     import orbax.checkpoint as ocp
 
     cfg = saved_config(path)
-    params_dir = (path / PARAMS_DIR).absolute()
+    params_dir = path / PARAMS_DIR if is_url(path) else (path / PARAMS_DIR).absolute()
     checkpointer = ocp.StandardCheckpointer()
     tree = checkpointer.metadata(params_dir).item_metadata.tree
     sharding = jax.sharding.SingleDeviceSharding(host_device())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from etils import epath
 
 from layerscale_jax.checksums import corruption
 from layerscale_jax.convert.flat import flatten, unstack_blocks
@@ -15,6 +16,7 @@ from layerscale_jax.convert.sources import MODEL_JSON, Source, encoder_of, host_
 from layerscale_jax.errors import ConfigError, InputFileError
 from layerscale_jax.models.mae import MAEConfig
 from layerscale_jax.models.registry import model_config
+from layerscale_jax.paths import is_url
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +26,7 @@ CHECKPOINTS_DIR = "checkpoints"     # of a training workdir: <step>/state (orbax
 
 def is_training_workdir(path: str | Path) -> bool:
     """Whether ``path`` is a training workdir (it has a ``checkpoints/`` directory and no ``model.json``)."""
-    path = Path(path)
+    path = epath.Path(path)              # gs://... too (pathlib would make it gs:/...)
     return (path / CHECKPOINTS_DIR).is_dir() and not (path / MODEL_JSON).is_file()
 
 
@@ -36,7 +38,7 @@ def workdir_checkpoint(workdir: str | Path, step: int | None = None) -> tuple[in
     corrupt newest checkpoint is skipped with a warning, as a resumed run would; a corrupt ``step`` is an error.
     Raises ``FileNotFoundError`` naming the workdir when there is none.
     """
-    root = Path(workdir) / CHECKPOINTS_DIR
+    root = epath.Path(workdir) / CHECKPOINTS_DIR
     steps = sorted((int(d.name) for d in root.iterdir() if d.name.isdigit() and (d / "state").is_dir()
                     and (d / "config").is_dir()), reverse=True) if root.is_dir() else []
     if step is not None and step not in steps:
@@ -65,9 +67,8 @@ def checkpoint_config(directory: Path) -> dict:
     """The experiment config stored in the checkpoint ``directory`` (checked already)."""
     config_file = directory / "config" / "metadata"
     try:
-        with open(config_file) as f:
-            config = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as err:
         raise InputFileError(f"{str(config_file)!r}: the stored config cannot be read ({err})") from err
     if not isinstance(config.get("model"), dict) or "name" not in config["model"]:
         raise InputFileError(f"{str(config_file)!r}: the stored config has no model section with a name")
@@ -88,7 +89,7 @@ def workdir_source(workdir: Path, step: int | None = None, ema: bool | None = No
 
     step, directory = checkpoint or workdir_checkpoint(workdir, step)
     _, cfg = workdir_model_config(checkpoint_config(directory))
-    state_dir = (directory / "state").absolute()
+    state_dir = directory / "state" if is_url(directory) else (directory / "state").absolute()
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)        # orbax warns that the state item has no step metadata of its own

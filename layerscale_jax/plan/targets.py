@@ -219,9 +219,17 @@ def target_devices(target: Target) -> list:
     from layerscale_jax.cli import no_accelerator_here
     if no_accelerator_here() and not any(name in os.environ for name in _TPU_HOST_VARIABLES):
         os.environ.update(TPU_WORKER_HOSTNAMES="localhost", TPU_HOST_BOUNDS="1,1,1")
+    import jax
     from jax.experimental import topologies
-    topology = topologies.get_topology_desc(
-        platform="tpu", topology_name=target.topology,
-        chip_config_name="megacore" if target.chip_key in _MEGACORE else "default",
-        chips_per_host_bounds=target.host_bounds, num_slices=target.num_slices, wrap=target.wrap)
+    try:
+        topology = topologies.get_topology_desc(
+            platform="tpu", topology_name=target.topology,
+            chip_config_name="megacore" if target.chip_key in _MEGACORE else "default",
+            chips_per_host_bounds=target.host_bounds, num_slices=target.num_slices, wrap=target.wrap)
+    except jax.errors.JaxRuntimeError as err:   # a raw topology libtpu has no layout for (v5e:3x3)
+        if "INVALID_ARGUMENT" not in str(err):
+            raise
+        raise UserError(f"--compile_for {target.name}: libtpu has no such slice "
+                        f"({str(err).splitlines()[0].replace('INVALID_ARGUMENT: ', '')}); name one by its chip "
+                        f"count ({', '.join(EXAMPLES[:4])}) or a topology of whole hosts") from None
     return list(topology.devices)

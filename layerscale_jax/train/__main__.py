@@ -57,7 +57,7 @@ from layerscale_jax.paths import as_path  # noqa: E402
 from layerscale_jax.train.config import (CONFIG_FLAG, Experiment, check_override_paths, load_config,  # noqa: E402
                                          validate_experiment_config)
 from layerscale_jax.train.launch import (DEFAULT_CONNECT_TIMEOUT, accelerator_line, describe_connect,  # noqa: E402
-                                         missing_accelerator_package, resolve_launch)
+                                         missing_accelerator_package, partial_torchrun, resolve_launch)
 
 EXIT_INTERRUPTED = 130                        # 128 + SIGINT, as a shell reports a Ctrl-C
 EXIT_PREEMPTED = 143                          # 128 + SIGTERM: stopped by a preemption notice, rerun to resume
@@ -145,9 +145,9 @@ def parse_job(argv: list[str]) -> tuple[flags.FlagValues, Experiment]:
         raise UserError(str(err)) from err
     if len(unparsed) > 1:
         raise UserError(f"unexpected argument(s) {unparsed[1:]} (flags are written --name=value)")
-    if not flag_values.workdir and not flag_values.compile_for:
+    if not flag_values.workdir and flag_values.compile_for is None:
         raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
-    if flag_values.compile_for:
+    if flag_values.compile_for is not None:
         from layerscale_jax.plan.targets import parse_target
         parse_target(flag_values.compile_for)       # an unknown target: one line listing the known ones
     elif flag_values.fit or flag_values.json:
@@ -214,8 +214,8 @@ def main(argv: list[str]) -> int:
                                            initialization_timeout=int(parsed.connect_timeout) + 60)
         except ValueError as err:            # JAX found no launcher to read the job from
             raise UserError(f"--distributed: {err} (no SLURM, torchrun-style, Open MPI, Kubernetes or Cloud TPU "
-                            "environment found); pass --coordinator_address HOST:PORT --num_processes N "
-                            "--process_id I") from err
+                            f"environment found{partial_torchrun(os.environ)}); pass --coordinator_address HOST:PORT "
+                            "--num_processes N --process_id I") from err
         stop_signals.pass_to_jax()           # a signal during start-up goes to JAX's preemption sync as well
     _check_devices(jax)
     if jax.process_index() == 0 and not parsed.compile_for:

@@ -65,6 +65,16 @@ def _int(environ: Mapping[str, str], name: str) -> int:
         raise UserError(f"{name}={environ.get(name)!r} in the environment is not an integer") from None
 
 
+def _check_rank(rank_name: str, rank: int, size_name: str, size: int) -> None:
+    """A process count of at least 1 and a process index in ``[0, count)``, else one error naming the variable or
+    flag and its value (JAX's own message for them was "no ... environment found" or an abort)."""
+    if size < 1:
+        raise UserError(f"{size_name}={size}: the number of processes must be at least 1")
+    if not 0 <= rank < size:
+        raise UserError(f"{rank_name}={rank} with {size_name}={size}: the process index must be in 0..{size - 1} "
+                        "(every process of the job gets its own)")
+
+
 def tasks_per_node(spec: str) -> list[int]:
     """SLURM's ``SLURM_STEP_TASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE`` (``"8(x4)"``, ``"2(x3),1"``) per node."""
     counts = []
@@ -120,8 +130,12 @@ def resolve_launch(*, distributed: bool, coordinator_address: str | None, num_pr
     torchrun = all(name in environ for name in TORCHRUN_VARIABLES)
     slurm = all(name in environ for name in SLURM_VARIABLES)
     if torchrun:
+        _check_rank("RANK", _int(environ, "RANK"), "WORLD_SIZE", _int(environ, "WORLD_SIZE"))
+        if not 0 < _int(environ, "MASTER_PORT") < 65536:
+            raise UserError(f"MASTER_PORT={environ['MASTER_PORT']}: a port is in 1..65535")
         rank = _int(environ, "LOCAL_RANK") if "LOCAL_RANK" in environ else 0
         local_processes = _int(environ, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in environ else 1
+        _check_rank("LOCAL_RANK", rank, "LOCAL_WORLD_SIZE", local_processes)
         where = "LOCAL_RANK/LOCAL_WORLD_SIZE"
     elif slurm:
         per_node = tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
@@ -139,13 +153,29 @@ def resolve_launch(*, distributed: bool, coordinator_address: str | None, num_pr
         if num_processes is None or process_id is None:
             raise UserError("--coordinator_address needs --num_processes and --process_id as well (or use "
                             "--distributed alone to read them from the launcher)")
+        _check_rank("--process_id", process_id, "--num_processes", num_processes)
         return Launch("flags", coordinator_address, num_processes, process_id, devices)
     if torchrun:
         port = _int(environ, "MASTER_PORT") + (1 if "TORCHELASTIC_RUN_ID" in environ else 0)
         port = environ.get("JAX_COORDINATOR_PORT") or port
         return Launch("torchrun", f"{environ['MASTER_ADDR']}:{port}", _int(environ, "WORLD_SIZE"),
                       _int(environ, "RANK"), devices)
+    if num_processes is not None:                                 # the rest comes from JAX's detection
+        _check_rank("--process_id", process_id or 0, "--num_processes", num_processes)
+    elif process_id is not None and process_id < 0:
+        raise UserError(f"--process_id={process_id}: a process index is 0 or more")
     return Launch("slurm" if slurm else "auto", None, num_processes, process_id, devices)
+
+
+def partial_torchrun(environ: Mapping[str, str]) -> str:
+    """`` (RANK, WORLD_SIZE set; MASTER_ADDR, MASTER_PORT missing)`` when some but not all of a torchrun-style
+    launch's variables are set (why it was not taken for one), else ``""``."""
+    present = [name for name in TORCHRUN_VARIABLES if name in environ]
+    if not present or len(present) == len(TORCHRUN_VARIABLES):
+        return ""
+    missing = [name for name in TORCHRUN_VARIABLES if name not in environ]
+    return (f" (torchrun-style: {', '.join(f'{n}={environ[n]}' for n in present)} set but {', '.join(missing)} "
+            "missing; a torchrun-style launch sets all of RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)")
 
 
 def describe_connect(launch: Launch, timeout: float, environ: Mapping[str, str]) -> tuple[str, str]:

@@ -29,9 +29,9 @@ import numpy as np
 from flax import nnx
 
 from layerscale_jax import data as data_lib
-from layerscale_jax import optim
+from layerscale_jax import network, optim
 from layerscale_jax.arch import MAEConfig
-from layerscale_jax.errors import ConfigError
+from layerscale_jax.errors import ConfigError, UserError
 from layerscale_jax.models.registry import create_from_config
 from layerscale_jax.paths import as_path, read_json, write_text_atomically
 from layerscale_jax.runtime import stop_signals
@@ -219,9 +219,10 @@ def train_and_evaluate(config: Experiment | Any, workdir, devices=None, *, resta
     experiment = as_experiment(config)
     goodput = Goodput(jax.process_index() == 0)       # this attempt's account (train/goodput.py), from here
     workdir = as_path(workdir, "workdir")
-    cache = use_compilation_cache(experiment.train.compilation_cache_dir, workdir)
+    cache_dir = _check_sources(experiment)
+    cache = use_compilation_cache(cache_dir, workdir)
     is_primary = jax.process_index() == 0
-    if is_primary and cache != experiment.train.compilation_cache_dir:
+    if is_primary and cache != cache_dir:
         print(f"compilation cache: {cache}, shared by the job's {jax.process_count()} processes (set "
               "train.compilation_cache_dir to a shared path to share it between runs too)", flush=True)
     lock = WorkdirLock(workdir)
@@ -232,6 +233,35 @@ def train_and_evaluate(config: Experiment | Any, workdir, devices=None, *, resta
     finally:
         goodput.end(workdir / "tensorboard")      # the attempt's last record, also after an error or a stop
         lock.release()
+
+
+def _check_sources(experiment: Experiment) -> str:
+    """What the run reads from outside its workdir, checked before anything is built: ``train.init_from`` exists,
+    ``data.data_dir`` (or ``TFDS_DATA_DIR``) on ``gs://`` is reachable, else ``UserError`` naming the field; a
+    ``train.compilation_cache_dir`` on ``gs://`` that cannot be reached leaves the cache off with one warning line
+    (the run works without it). Returns the compilation cache directory to use."""
+    from layerscale_jax.data.config import SYNTHETIC
+    from layerscale_jax.data.sources import resolve_data_dir
+    tc, data = experiment.train, experiment.data
+    if data.name != SYNTHETIC:
+        field = "data.data_dir" if data.data_dir else "TFDS_DATA_DIR"
+        problem = network.cloud_path_problem(resolve_data_dir(data.data_dir), field)
+        if problem is not None:
+            raise UserError(f"{problem}, or prepare the dataset in a local {field}")
+    if tc.init_from:
+        source = as_path(tc.init_from, "train.init_from")
+        problem = network.cloud_path_problem(source, "train.init_from")
+        if problem is not None:
+            raise UserError(f"{problem}, or copy the weights to a local train.init_from")
+        if not source.exists():
+            raise UserError(f"train.init_from={source} does not exist: give a timm weights file, a directory written "
+                            "by python -m layerscale_jax.convert or save_pretrained, or a training workdir")
+    problem = network.cloud_path_problem(tc.compilation_cache_dir, "train.compilation_cache_dir")
+    if problem is not None:
+        if jax.process_index() == 0:
+            print(f"warning: {problem}; the compilation cache is off for this run", flush=True)
+        return ""
+    return tc.compilation_cache_dir
 
 
 def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary, goodput: Goodput) -> dict:

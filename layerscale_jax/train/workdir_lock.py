@@ -14,6 +14,10 @@ A job that finds a lock takes it over, with one line saying why, when its holder
   ``TORCHELASTIC_RESTART_COUNT``): the scheduler never runs two incarnations of one job at once;
 - its heartbeat is older than ``STALE_AFTER_HEARTBEATS`` heartbeat periods (5 minutes): the job was killed outright
   or its machine was lost, e.g. before a restart on new TPU VMs or a new SLURM job;
+- its heartbeat lies more than those 5 minutes in the future of this host's clock: the clocks of the two hosts
+  disagree too much to judge its age (synchronised clocks differ by well under a second), so it is treated like a
+  lock that has expired — a live holder whose clock runs that far ahead loses the lock and warns at its next
+  heartbeat;
 - the file is empty or not a lock (a run that failed while writing it, e.g. on a full disk; a live holder always
   writes it whole, see below).
 
@@ -151,7 +155,7 @@ class WorkdirLock:
             text = data.decode("utf-8", "replace")
         else:
             try:
-                text = self.path.read_text()
+                text = self.path.read_bytes().decode("utf-8", "replace")     # random bytes are a damaged lock too
             except FileNotFoundError:
                 return None, None
         if not text.strip():
@@ -190,6 +194,9 @@ class WorkdirLock:
         if age > STALE_AFTER_HEARTBEATS * every:
             return (f"its last heartbeat was {age:.0f} s ago (more than {STALE_AFTER_HEARTBEATS} × {every:g} s): the "
                     f"job holding it is gone")
+        if -age > STALE_AFTER_HEARTBEATS * every:
+            return (f"its last heartbeat is {-age:.0f} s in the future of this host's clock (more than "
+                    f"{STALE_AFTER_HEARTBEATS} × {every:g} s): a clock that far off cannot tell whether its job lives")
         return None
 
     # -- acquiring -----------------------------------------------------------------------------------------------
@@ -225,7 +232,8 @@ class WorkdirLock:
         expiry = ""
         if beat is not None:
             age = self._clock() - beat
-            expiry = (f", last heartbeat {age:.0f} s ago; taken over automatically once it is older than "
+            when = f"{age:.0f} s ago" if age >= 0 else f"{-age:.0f} s in the future of this host's clock"
+            expiry = (f", last heartbeat {when}; taken over automatically once it is older than "
                       f"{STALE_AFTER_HEARTBEATS * every:g} s")
         return WorkdirError(
             f"workdir {self.path.parent} is in use by process {holder.get('pid')} on host {holder.get('host')} "
