@@ -13,22 +13,9 @@ __version__ = "0.1.0"
 _MODELS = ("create_model", "list_models")
 _API = ("Run", "TrainingInterrupted", "diagnose", "evaluate", "example_batch", "fit", "load_config", "load_run",
         "override_config")
-_COMPILE = ("compile_for",)
-__all__ = ["__version__", *_MODELS, *_API, *_COMPILE]
+__all__ = ["__version__", *_MODELS, *_API, "compile_for"]
 
+from layerscale_jax.lazy import lazy_names  # noqa: E402 - the package's one lazy mechanism, importing nothing
 
-def __getattr__(name: str):
-    if name in _MODELS:
-        from layerscale_jax import models as module
-    elif name in _API:
-        from layerscale_jax import api as module
-    elif name in _COMPILE:
-        from layerscale_jax.plan import compile_for as module
-    else:
-        raise AttributeError(f"module 'layerscale_jax' has no attribute {name!r}")
-    value = globals()[name] = getattr(module, name)        # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODELS) | set(_API) | set(_COMPILE))
+_SOURCES = {**dict.fromkeys(_MODELS, ".models"), **dict.fromkeys(_API, ".api"), "compile_for": ".plan.compile_for"}
+__getattr__, __dir__ = lazy_names(__name__, globals(), _SOURCES)

@@ -24,12 +24,14 @@ def package_modules() -> dict[str, Path]:
 
 def imported_modules(path: Path, known: set[str]) -> set[str]:
     """The ``layerscale_jax`` modules that the file at ``path`` imports anywhere in its code (module level or inside a
-    function), resolved to modules in ``known``: ``from pkg import sub`` names the submodule when ``sub`` is one, and
-    a dotted import also runs each enclosing package's ``__init__``."""
+    function, or named in a ``lazy_names`` table), resolved to modules in ``known``: ``from pkg import sub`` names the
+    submodule when ``sub`` is one, and a dotted import also runs each enclosing package's ``__init__``."""
     me = module_name(path)
     own_package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    source = path.read_text()
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:                                  # relative: from package . (level 1) or .. (level 2)
@@ -39,6 +41,12 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
             names.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known)
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
+    if "lazy_names(" in source:               # layerscale_jax.lazy: a table of names → the modules they load from
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("."):
+                names.add(own_package + node.value)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in known:
+                names.add(node.value)
     out = set()
     for name in names:
         if not name.startswith("layerscale_jax."):

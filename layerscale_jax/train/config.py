@@ -347,7 +347,7 @@ def _where_in(path: str, err: BaseException) -> str:
 def load_config(spec: str) -> ml_collections.ConfigDict:
     """The config of ``configs/X.py[:arg]``: the file's ``get_config(arg)`` (``get_config()`` without an
     argument). Raises ``UserError`` naming the file for a missing or unreadable file, ``ValueError`` for a bad
-    argument."""
+    argument. (Not ml_collections' ``DEFINE_config_file``: it names neither the file nor the line in these errors.)"""
     path, arg = spec, None
     if not os.path.isfile(path) and ":" in spec:
         path, arg = spec.split(":", 1)
