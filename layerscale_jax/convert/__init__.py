@@ -20,8 +20,7 @@ from layerscale_jax.convert.pretrained import (
                                                to_timm,
 )
 from layerscale_jax.convert.sources import read_model_json, saved_config
-from layerscale_jax.convert.workdir import is_training_workdir, workdir_config
+from layerscale_jax.convert.workdir import is_training_workdir
 
 __all__ = ["from_timm", "is_training_workdir", "load_model", "load_pretrained", "load_workdir", "read_model_json",
-           "read_state_dict", "resize_pos_embed", "save_pretrained", "saved_config", "to_timm", "workdir_config",
-           "write_state_dict"]
+           "read_state_dict", "resize_pos_embed", "save_pretrained", "saved_config", "to_timm", "write_state_dict"]

@@ -57,12 +57,6 @@ def workdir_checkpoint(workdir: str | Path, step: int | None = None) -> tuple[in
     raise FileNotFoundError(f"training workdir {str(workdir)!r} has no complete checkpoint in {str(root)!r}")
 
 
-def workdir_config(workdir: str | Path, step: int | None = None) -> dict:
-    """The experiment config stored with a training workdir's newest complete checkpoint (or ``step``'s)."""
-    _, directory = workdir_checkpoint(workdir, step)
-    return checkpoint_config(directory)
-
-
 def checkpoint_config(directory: Path) -> dict:
     """The experiment config stored in the checkpoint ``directory`` (checked already)."""
     config_file = directory / "config" / "metadata"

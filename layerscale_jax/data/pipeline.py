@@ -51,10 +51,6 @@ class TrainIterator:
     def bad_records(self):
         return self._cache_skipped + self._stream_bad
 
-    @property
-    def per_process_batch_size(self):
-        return self._b
-
     def _start(self, next_batch, bad_records):
         self.close()
         s = self._settings
