@@ -32,6 +32,7 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
+from layerscale_jax.arch import list_models, model_config
 from layerscale_jax.convert.files import flatten_tensors, is_timm_file, read_state_dict
 from layerscale_jax.convert.flat import expected_params, natural_key, param_roles, param_tree, unrolled_params
 from layerscale_jax.convert.matching import assign_params, plan_load
@@ -54,7 +55,7 @@ from layerscale_jax.convert.workdir import (
     workdir_source,
 )
 from layerscale_jax.errors import ConfigError, InputFileError, UserError
-from layerscale_jax.models.registry import create_from_config, create_model, list_models, model_config
+from layerscale_jax.models.registry import create_from_config, create_model
 from layerscale_jax.paths import as_path, is_url
 from layerscale_jax.orbax_failures import log_orbax_errors_on_one_line, release_waiting_save_threads
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from flax import nnx
 
-from layerscale_jax.arch import (CaiTConfig, MAEConfig, ModelEntry, ViTConfig, get_entry,  # noqa: F401 - re-exported
-                                 list_models, model_config)
+from layerscale_jax.arch import CaiTConfig, MAEConfig, ViTConfig, model_config
 from layerscale_jax.models.cait import CaiT
 from layerscale_jax.models.mae import MaskedAutoencoder
 from layerscale_jax.models.vit import VisionTransformer
