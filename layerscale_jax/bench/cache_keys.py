@@ -17,7 +17,6 @@ command with it.
 from __future__ import annotations
 
 import hashlib
-import sys
 
 _VARINT, _LENGTH = 0, 2
 _TOPOLOGY_ANY = 9                # PjRtTopologyDescriptionProto.platform_specific_topology (google.protobuf.Any)
@@ -107,9 +106,10 @@ def use_process_invariant_cpu_cache_keys() -> None:
 
 
 if __name__ == "__main__":                      # as ``python -m layerscale_jax.train`` starts, then these keys
+    import runpy
+
     from layerscale_jax.runtime import reexec_with_fast_malloc, stop_signals
     reexec_with_fast_malloc()
     stop_signals.install()
     use_process_invariant_cpu_cache_keys()
-    from layerscale_jax.train.__main__ import run_job
-    sys.exit(run_job(sys.argv[1:]))
+    runpy.run_module("layerscale_jax.train", run_name="__main__", alter_sys=True)    # the command, as -m runs it
