@@ -372,6 +372,70 @@ def test_a_torn_last_line_of_the_metrics_log_is_dropped_with_one_warning(finishe
     assert without_speed(read_metrics(workdir)) == without_speed(read_metrics(finished[0]))
 
 
+def keep_records_up_to(workdir, step):
+    """``metrics.jsonl`` as the run killed right after the checkpoint of ``step`` left it; its lines."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    lines = [line for line in open(path).read().splitlines() if json.loads(line)["step"] <= step]
+    open(path, "w").write("".join(line + "\n" for line in lines))
+    return lines
+
+
+@pytest.mark.slow
+def test_a_torn_line_at_the_checkpoints_step_is_rebuilt_so_the_log_equals_an_uninterrupted_ones(finished, tmp_path,
+                                                                                               caplog, capsys):
+    """The record of the checkpoint's step torn (the job died while appending it): it was dropped and never written
+    again (23 of 24 records). The checkpoint keeps the records since the previous one (``meta/<step>/log.json``)."""
+    workdir = resumable_copy(finished, tmp_path, "torn_at_checkpoint")
+    lines = keep_records_up_to(workdir, 4)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        f.write("".join(line + "\n" for line in lines[:-1]) + lines[-1][:15])
+    with caplog.at_level("WARNING"):
+        results = loop_lib.train_and_evaluate(config(), workdir)
+    assert not [r for r in caplog.records if "metrics.jsonl" in r.getMessage()]
+    assert (f"{workdir}/metrics.jsonl: its last line was torn; the records up to step 4 are rebuilt from its "
+            "checkpoint (the log equals an uninterrupted run's)") in capsys.readouterr().out
+    assert without_speed(read_metrics(workdir)) == without_speed(read_metrics(finished[0]))
+    assert "metrics_records_lost" not in results
+
+
+@pytest.mark.slow
+def test_a_metrics_log_deleted_during_the_run_is_rebuilt_as_far_as_the_checkpoint_holds_and_the_loss_named(
+        finished, tmp_path, caplog):
+    """``metrics.jsonl`` deleted mid-run: the resume went on silently with 9 of 24 records. The records since the
+    previous checkpoint come back; the others are named as lost, in one warning and in results.json."""
+    workdir = resumable_copy(finished, tmp_path, "deleted")
+    expected = keep_records_up_to(workdir, 4)
+    since_step_2 = [line for line in expected if json.loads(line)["step"] > 2]
+    os.remove(os.path.join(workdir, "metrics.jsonl"))
+    with caplog.at_level("WARNING"):
+        results = loop_lib.train_and_evaluate(config(), workdir)
+    [warning] = [r.getMessage() for r in caplog.records if "metrics.jsonl" in r.getMessage()]
+    lost = len(expected) - len(since_step_2)
+    assert warning == (f"{workdir}/metrics.jsonl: it was missing; {lost} of the {len(expected)} records up to step 4 "
+                       "are lost (deleted or damaged during the run; TensorBoard's event files may hold them), the "
+                       f"{len(since_step_2)} of step 4's checkpoint are rebuilt; results.json counts them "
+                       "(metrics_records_lost)")
+    assert results["metrics_records_lost"] == lost
+    assert json.load(open(os.path.join(workdir, "results.json")))["metrics_records_lost"] == lost
+    after = [r for r in read_metrics(finished[0]) if r["step"] > 2]
+    assert without_speed(read_metrics(workdir)) == without_speed(after)
+
+
+def test_a_metrics_log_deleted_while_the_run_writes_it_is_named_at_once(tmp_path, caplog):
+    from layerscale_jax.train.metrics import MetricsWriter
+    writer = MetricsWriter(tmp_path, 10)
+    writer.write(1, {"train_loss": 1.0})
+    writer.flush()
+    os.remove(tmp_path / "metrics.jsonl")
+    with caplog.at_level("WARNING"):
+        writer.write(2, {"train_loss": 0.5})
+        writer.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path}/metrics.jsonl was deleted during the run: the 1 record(s) it held are lost (results.json counts "
+        "them: metrics_records_lost); it goes on from step 2"]
+    assert writer.lost == 1 and writer.since_checkpoint()["records"] == 1
+
+
 def test_a_damaged_line_inside_the_metrics_log_is_an_error_naming_the_file_and_the_line(finished, tmp_path):
     workdir = resumable_copy(finished, tmp_path, "damaged")
     path = os.path.join(workdir, "metrics.jsonl")

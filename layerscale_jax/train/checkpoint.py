@@ -7,7 +7,9 @@ Layout of ``<workdir>/checkpoints`` (any orbax / ``etils.epath`` path, ``gs://``
   ``state/array_metadatas/process_<i>``; process 0 also writes everything else (the merged index, the metadata).
 - ``meta/<step>/data_process_<i>.json``: process ``i``'s data-iterator state, written before the orbax save starts
   (a checkpoint without it is incomplete). ``meta/<step>/window.json``: the per-step metrics logged since the last
-  metrics line (so a resumed run's ``metrics.jsonl`` equals an uninterrupted one's). ``meta/<step>/checksums.json``:
+  metrics line (so a resumed run's ``metrics.jsonl`` equals an uninterrupted one's); ``meta/<step>/log.json``: how
+  many records ``metrics.jsonl`` held at the save and those since the previous save (a log torn or deleted after it
+  is rebuilt from them at a resume, or its loss named). ``meta/<step>/checksums.json``:
   the seal, SHA-256 of every file of ``<step>/`` but the two orbax rewrites when it commits the step
   (``_CHECKPOINT_METADATA``, ``commit_success.txt``: times and the commit marker, no train state).
 - ``quarantine/<step>/``: checkpoints found corrupt or unsealed at restore, moved aside so that no later save
@@ -232,6 +234,11 @@ class Checkpointer:
             _all_processes_ok(True)                 # moved before any process lists the steps
 
     # -- side files ---------------------------------------------------------------------------------------------
+    def log_path(self, step: int) -> epath.Path:
+        """``meta/<step>/log.json``: the metrics log's records up to ``step`` (their count, those since the previous
+        checkpoint, the count lost; ``MetricsWriter.since_checkpoint``), to rebuild a log damaged after it."""
+        return self._meta(step) / "log.json"
+
     def _meta(self, step: int) -> epath.Path:
         return self.directory / "meta" / str(step)
 
@@ -325,7 +332,8 @@ class Checkpointer:
 
     # -- save / restore -----------------------------------------------------------------------------------------
     def save(self, step: int, state: dict, data_state: Any, config_json: dict, *,
-             metrics: dict[str, float] | None = None, window: list[dict] | None = None) -> None:
+             metrics: dict[str, float] | None = None, window: list[dict] | None = None,
+             log: dict | None = None) -> None:
         """Save ``step`` whenever called (the loop decides when). The write finishes in the background; a failure
         raises ``CheckpointSaveError`` here or at the next ``save`` / ``wait``."""
         if not all_finite(state["params"]):
@@ -339,6 +347,8 @@ class Checkpointer:
             if jax.process_index() == 0:
                 (self._meta(step) / "checksums.json").unlink(missing_ok=True)
                 self._write_json(self._meta(step) / "window.json", window or [])
+                if log is not None:
+                    self._write_json(self.log_path(step), log)
             self._in_flight = step
             self.manager.save(
                 step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),

@@ -296,7 +296,8 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary, go
     evaluation = Evaluation(experiment.data, tc, trainer.mesh, trainer.eval_step, trainer.task, end=tc.steps,
                             diagnostics=trainer.diagnostics,
                             after=functools.partial(trainer.task.after_evaluation, trainer, workdir=workdir))
-    writer = MetricsWriter(workdir, tc.steps, shown=console_keys(trainer.task))
+    writer = MetricsWriter(workdir, tc.steps, shown=console_keys(trainer.task), records=start.records,
+                           lost=start.lost)
     guard = NonFiniteGuard(tc.nonfinite, checkpointer)
     checkpoints = Checkpoints(checkpointer, writer, batches, guard, config_json, tc.checkpoint_every, end=tc.steps,
                               saved_at=start.step if start.resumed else None)
@@ -323,6 +324,8 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary, go
     results = {**evaluation.results, "steps": step, "train_seconds": time.time() - train_start,
                "nonfinite_steps": int(jax.device_get(state["nonfinite_steps"])), "model": arch,
                "resumed_from_step": start.step if start.resumed else None}
+    if writer.lost:
+        results["metrics_records_lost"] = writer.lost     # named in a warning as they were found lost
     if is_primary:
         results["goodput"] = goodput.summary()        # all attempts, this one up to here (train/goodput.py)
         _write_results(workdir / "results.json", results, trainer.task, checkpointer, writer)
@@ -495,6 +498,8 @@ class _Start(NamedTuple):
     data_state: Any                  # the train iterator's position (None: from the start)
     window: list                     # the metrics not yet logged when the checkpoint was saved
     resumed: bool
+    records: int = 0                 # the records in metrics.jsonl (resumed: rebuilt up to the checkpoint's step)
+    lost: int = 0                    # the records of this run that metrics.jsonl has lost
 
 
 def _restore_or_init(trainer: Trainer, checkpointer: Checkpointer, workdir, is_primary: bool) -> _Start:
@@ -510,9 +515,10 @@ def _restore_or_init(trainer: Trainer, checkpointer: Checkpointer, workdir, is_p
     if laid_over not in (None, steps):
         print(_schedule_change(trainer.optim, laid_over, steps, step,
                                int(jax.device_get(state["nonfinite_steps"]))), flush=True)
+    records = lost = 0
     if is_primary:
-        workdir_lib.truncate_metrics(workdir / "metrics.jsonl", step)
-    return _Start(step, state, data_state, window, True)
+        records, lost = workdir_lib.truncate_metrics(workdir / "metrics.jsonl", step, checkpointer.log_path(step))
+    return _Start(step, state, data_state, window, True, records, lost)
 
 
 def _write_results(path, results: dict, task, checkpointer: Checkpointer, writer: MetricsWriter) -> None:

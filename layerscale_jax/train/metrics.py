@@ -63,10 +63,14 @@ class _EpathEventFiles:
 class MetricsWriter:
     """Writes from process 0 only; every call is a no-op elsewhere."""
 
-    def __init__(self, workdir, total_steps: int, shown: Sequence[str] | None = None):
+    def __init__(self, workdir, total_steps: int, shown: Sequence[str] | None = None, *, records: int = 0,
+                 lost: int = 0):
         """``shown``: the quantities of the console line, in order (the loop's: ``console_keys``); None: every one
-        given to ``progress``, in the order first given."""
+        given to ``progress``, in the order first given. ``records``: the records in ``metrics.jsonl`` already (a
+        resumed run's); ``lost``: how many this run's log has lost so far (``workdir.truncate_metrics``)."""
         self.enabled = jax.process_index() == 0
+        self.records, self.lost = records, lost
+        self._recent: list[str] = []               # the records since the last checkpoint (``since_checkpoint``)
         self.total_steps = total_steps
         self.shown = shown
         self.start_time = time.time()
@@ -114,6 +118,7 @@ class MetricsWriter:
                   for key, value in scalars.items()]
         with self._lock:
             self._last_step = int(step)
+            self._recent.append(json.dumps(record))
             self._pending.append(json.dumps(record) + "\n")
             self._pending_events += events
         if time.time() - self._flushed >= self._flush_every and self._in_flight is None:
@@ -144,8 +149,14 @@ class MetricsWriter:
                 self.jsonl_path.write_text(self._logged + "".join(lines))
                 self._logged += "".join(lines)
             elif lines:
+                if self.records and not self.jsonl_path.exists():
+                    log.warning("%s was deleted during the run: the %d record(s) it held are lost (results.json "
+                                "counts them: metrics_records_lost); it goes on from step %s", self.jsonl_path,
+                                self.records, json.loads(lines[0])["step"])
+                    self.lost, self.records = self.lost + self.records, 0
                 with self.jsonl_path.open("a") as f:
                     f.write("".join(lines))
+            self.records += len(lines)
             lines = []
             while events:
                 self.tb.write_event(events[0])
@@ -198,6 +209,16 @@ class MetricsWriter:
                 self._flush_now()
             except OSError as err:
                 raise self._error(err) from err
+
+    def since_checkpoint(self) -> dict | None:
+        """What a checkpoint keeps of the log (after ``flush``): the number of records, the records since the last
+        checkpoint, and how many were lost; ``workdir.truncate_metrics`` rebuilds the log from it at a resume.
+        None on processes that write no log."""
+        if not self.enabled:
+            return None
+        with self._lock:
+            recent, self._recent = self._recent, []
+        return {"records": self.records, "recent": recent, "lost": self.lost}
 
     def close(self) -> None:
         """Flush and close the event file; a failure is a warning (a failed ``write`` has raised already, and a

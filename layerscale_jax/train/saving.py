@@ -35,7 +35,7 @@ class Checkpoints:
         self.guard.before_save(step, state)
         self.writer.flush()
         self.checkpointer.save(step, state, self.batches.get_state(), self.config_json, metrics=metrics,
-                               window=host_window(window))
+                               window=host_window(window), log=self.writer.since_checkpoint())
         self.saved_at = step
 
 

@@ -125,7 +125,15 @@ def metrics_lines(path: epath.Path, text: str | None = None) -> list[tuple[str, 
     written): such a line is dropped with one warning. A damaged line anywhere else is an error naming the file and
     the line.
     """
-    lines = (path.read_text() if text is None else text).splitlines()
+    records, torn = _parse_metrics(path, path.read_text() if text is None else text)
+    if torn:
+        log.warning("%s", torn)
+    return records
+
+
+def _parse_metrics(path: epath.Path, text: str) -> tuple[list[tuple[str, dict]], str | None]:
+    """``metrics_lines``' records, and what was wrong with a torn last line (None: nothing)."""
+    lines = text.splitlines()
     out = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -136,24 +144,53 @@ def metrics_lines(path: epath.Path, text: str | None = None) -> list[tuple[str, 
                 raise ValueError("not an object with an integer 'step'")
         except ValueError as err:
             if number == len(lines):
-                log.warning("%s line %d is incomplete (%s): dropped, the run writing it stopped in the middle of "
-                            "the line (e.g. the disk was full)", path, number, err)
-                break
+                return out, (f"{path} line {number} is incomplete ({err}): dropped, the run writing it stopped in "
+                             "the middle of the line (e.g. the disk was full)")
             raise WorkdirError(f"{path} line {number} is not a metrics record ({err}): {line[:60]!r}; repair or "
                                "delete that line") from err
         out.append((line, record))
-    return out
+    return out, None
 
 
-def truncate_metrics(path: epath.Path, last_step: int) -> None:
+def truncate_metrics(path: epath.Path, last_step: int, saved: epath.Path | None = None) -> tuple[int, int]:
     """Drop the records after ``last_step`` (logged by a run that was killed before its next checkpoint) and a torn
-    last line, so the resumed run appends exactly what an uninterrupted run would have written."""
-    if not path.exists():
-        return
-    text = path.read_text()
-    kept = "".join(line + "\n" for line, record in metrics_lines(path, text) if record["step"] <= last_step)
-    if kept != text:
-        write_text_atomically(path, kept)
+    last line, so the resumed run appends exactly what an uninterrupted run would have written.
+
+    ``saved``: the checkpoint's ``log.json`` (``MetricsWriter.since_checkpoint``): the number of records up to
+    ``last_step`` and those since the previous checkpoint. A log that holds fewer (a torn line at the checkpoint's
+    step, the file deleted or damaged during the run) gets those records back — one line says so — and what cannot
+    be rebuilt is named in one warning and counted in results.json (``metrics_records_lost``). Returns ``(records
+    in the log, records lost so far)``."""
+    try:
+        kept_at_save = json.loads(saved.read_text()) if saved is not None and saved.exists() else None
+    except ValueError:
+        kept_at_save = None                           # a damaged log.json: the log is taken as it is
+    text = path.read_text() if path.exists() else ""
+    records, torn = _parse_metrics(path, text)
+    kept = [line for line, record in records if record["step"] <= last_step]
+    lost = kept_at_save.get("lost", 0) if kept_at_save else 0
+    if kept_at_save is None or len(kept) >= kept_at_save["records"]:
+        if torn:
+            log.warning("%s", torn)
+    else:
+        what = ("its last line was torn" if torn else "it was missing" if not text.strip() else
+                f"it held {len(kept)} of the {kept_at_save['records']} records up to step {last_step}")
+        recent = kept_at_save["recent"]
+        kept = [line for line in kept if line not in set(recent)] + recent
+        missing = kept_at_save["records"] - len(kept)
+        if missing <= 0:
+            print(f"{path}: {what}; the records up to step {last_step} are rebuilt from its checkpoint (the log "
+                  "equals an uninterrupted run's)", flush=True)
+        else:
+            lost += missing
+            log.warning("%s: %s; %d of the %d records up to step %d are lost (deleted or damaged during the run; "
+                        "TensorBoard's event files may hold them), the %d of step %d's checkpoint are rebuilt; "
+                        "results.json counts them (metrics_records_lost)", path, what, missing,
+                        kept_at_save["records"], last_step, len(recent), last_step)
+    rebuilt = "".join(line + "\n" for line in kept)
+    if rebuilt != text:
+        write_text_atomically(path, rebuilt)
+    return len(kept), lost
 
 
 def check_resumable(workdir: epath.Path, checkpoints: epath.Path, latest_step: int | None, steps: int) -> None:
