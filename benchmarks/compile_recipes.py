@@ -1,5 +1,8 @@
-"""Will each committed pod recipe fit? Every recipe compiled for its stated target by the target's own compiler on
-this machine (``plan.compile_for``): per-chip HBM used, FLOPs per step, roofline bound, compile time.
+"""Will each committed pod recipe fit, and how fast can it run? Every recipe compiled for its stated target by the
+target's own compiler on this machine (``plan.compile_for``): per-chip HBM used against what the compiler allows,
+FLOPs per step, the step-time range from the compiled step (lower and upper bound, the dominant term), collective
+bytes per step, compile time; and its train step compiled again with the other layer layout (scanned ↔ unrolled:
+memory and lower bound), the choice ``--fit`` weighs.
 
     python benchmarks/compile_recipes.py [--only ID ...] [--jobs N] [--out FILE]
 
@@ -70,12 +73,19 @@ def load(recipe: Recipe):
 def compile_row(recipe: Recipe) -> dict:
     """The recipe's report as a dict (``CompileReport.to_json``), or its one-line error when it does not fit."""
     from layerscale_jax.plan.compile_for import DoesNotFit, compile_for
+    from layerscale_jax.train.config import with_overrides
     start = time.perf_counter()
     row = {"id": recipe.id, "command": recipe.command, "where": recipe.where, "target": recipe.target}
     try:
-        report = compile_for(load(recipe), recipe.target)
+        config = load(recipe)
+        report = compile_for(config, recipe.target)
         print(report.format(), file=sys.stderr, flush=True)
-        row.update(report.to_json())
+        row.update(report.to_json(), text=report.format())
+        flipped = {"model.scan_layers": not config.model.scan_layers}
+        other = compile_for(with_overrides(config, flipped), recipe.target, check_fit=False, eval_step=False)
+        row["other_layout"] = {"overrides": flipped, "fits": other.fits, "peak_bytes_per_chip": other.peak_bytes,
+                               "step_time_lower_bound_s": other.bound_seconds,
+                               "step_time_upper_bound_s": other.upper_seconds}
     except DoesNotFit as err:
         row.update(fits=False, error=str(err))
     row["wall_s"] = time.perf_counter() - start
@@ -102,14 +112,22 @@ def cpu_slug() -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| recipe | target | mesh | per chip: batch, HBM used / HBM (GiB) | FLOPs / step | roofline step "
-             "bound (MFU ceiling) | compile (s) |", "|---|---|---|---|---|---|---|"]
+    """The table of README.md and docs/multihost.md: per chip and train step."""
+    lines = ["| recipe | target | mesh | per chip: batch, HBM used / allowed (GiB) | FLOPs / step | step time: lower–upper "
+             "bound (MFU) | dominant | collectives / step (MiB) | other layout: GiB, lower bound | compile (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mesh = " × ".join(str(v) for v in r["mesh"].values())
+        moved = sum(v["bytes"] for v in r["collectives"].values()) / 2 ** 20
+        other = r["other_layout"]
+        layout = "unrolled" if other["overrides"]["model.scan_layers"] is False else "scanned"
         lines.append(f"| `{r['id']}` | {r['target']} | {mesh} | {r['per_chip_batch']}, "
-                     f"{r['peak_bytes_per_chip'] / 2 ** 30:.1f} / {r['hbm_per_chip'] / 2 ** 30:.0f} | "
-                     f"{r['flops_per_step']:.2e} | {r['step_time_lower_bound_s'] * 1e3:.0f} ms "
-                     f"({r['mfu_ceiling']:.2f}) | {sum(r['compile_seconds'].values()):.0f} |")
+                     f"{r['peak_bytes_per_chip'] / 2 ** 30:.2f} / {r['hbm_per_chip'] / 2 ** 30:.2f} | "
+                     f"{r['flops_per_step']:.2e} | {r['step_time_lower_bound_s'] * 1e3:.1f}–"
+                     f"{r['step_time_upper_bound_s'] * 1e3:.1f} ms ({r['mfu_floor']:.2f}–{r['mfu_ceiling']:.2f}) | "
+                     f"{r['dominant_term']} | {moved:,.0f} | {layout}: {other['peak_bytes_per_chip'] / 2 ** 30:.2f}"
+                     f"{'' if other['fits'] else ' (does not fit)'}, {other['step_time_lower_bound_s'] * 1e3:.1f} ms | "
+                     f"{sum(r['compile_seconds'].values()):.0f} |")
     return "\n".join(lines)
 
 

@@ -63,7 +63,24 @@ def compile_report(fn, inputs, sharding) -> dict:
     kernels = CUDNN_FMHA.findall(compiled.as_text())
     return {"compile_s": seconds, "xla_memory": timing.compiled_memory(compiled),
             "cudnn_fmha_calls": len(kernels), "cudnn_fmha_kernels": sorted(set(kernels)),
-            "device_kind": (sharding.mesh.devices.flat[0] if sharding else jax.devices()[0]).device_kind}
+            "device_kind": (sharding.mesh.devices.flat[0] if sharding else jax.devices()[0]).device_kind,
+            "hlo": compiled.as_text()}
+
+
+def step_range(text: str, args) -> dict:
+    """The step-time range of the compiled step on ``--target`` (``plan.step_time``) and the MFU it gives."""
+    from layerscale_jax.bench.flops import train_step_flops
+    from layerscale_jax.models import create_model
+    from layerscale_jax.plan.step_time import step_time
+    from layerscale_jax.plan.targets import CHIPS
+    chip = CHIPS[args.target]
+    terms = step_time(text, chip)
+    model = nnx.eval_shape(lambda: create_model(args.model, rngs=nnx.Rngs(0)))
+    flops = train_step_flops(model.cfg, args.batch)
+    return {"seconds": terms.seconds, "lower_s": terms.lower, "upper_s": terms.upper, "dominant": terms.dominant,
+            "flops_per_chip": terms.flops_per_chip, "hbm_bytes_per_chip": terms.hbm_bytes_per_chip,
+            "model_flops": flops, "mfu_range": [flops / chip.peak_bf16_flop_per_s / terms.upper,
+                                                flops / chip.peak_bf16_flop_per_s / terms.lower]}
 
 
 def predict(args) -> dict:
@@ -75,10 +92,12 @@ def predict(args) -> dict:
         out["deviceless"] = compile_report(*abstract_step(spec_of(args, args.attention), sharding), sharding)
         out["deviceless"]["target"] = args.target
         out["deviceless"]["device_memory_bytes"] = gpu_targets.device_memory_bytes(args.target)
+        out["deviceless"]["step_time"] = step_range(out["deviceless"].pop("hlo"), args)
     except Exception as err:  # noqa: BLE001 - recorded: what this jax can and cannot do deviceless
         out["deviceless_error"] = f"{type(err).__name__}: {str(err)[:600]}"
     if args.real:
         out["real"] = compile_report(*abstract_step(spec_of(args, args.attention), None), None)
+        out["real"].pop("hlo")
         stats = jax.devices()[0].memory_stats() or {}
         out["real"]["device_bytes_limit"] = stats.get("bytes_limit")
     return out

@@ -6,12 +6,14 @@ their shardings; nothing is allocated, no data read) over device descriptions of
 (``plan.targets``), and compiled by the target's own compiler (libtpu's for TPU) on this machine. The report:
 
     memory per chip     ``compiled.memory_analysis()``: arguments + outputs − aliased (donated state) + temporaries
-                        + generated code, against the chip's HBM
-    FLOPs per step      the analytic model FLOPs (``bench.flops``; XLA's cost analysis counts a scanned layer once)
-    collectives         per kind, from the compiled HLO (``plan.hlo``)
-    roofline bound      max(FLOPs / (chips × bf16 peak), bytes / HBM bandwidth), bytes = one chip's arguments read
-                        + outputs and temporaries written once (activation re-reads not counted): a lower bound on
-                        the step time; MFU ceiling = FLOPs / (chips × peak) / bound
+                        + generated code, against what the compiler allows a program (``targets.compiler_hbm_bytes``
+                        on TPU: 15.75 GiB of a v5e chip's 16; JAX's share of a GPU's memory)
+    FLOPs per step      the analytic model FLOPs (``bench.flops``), what MFU counts
+    collectives         per kind, per chip and step (loop bodies × their trip counts), from the compiled HLO
+                        (``plan.hlo``)
+    step time           a range from the compiled train step's own HLO (``plan.step_time``): compute, memory and
+                        communication per link; lower bound = the largest (perfect overlap), upper bound = their
+                        sum (serialized); the MFU range that follows and the term that dominates
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import jax.numpy as jnp
 
 from layerscale_jax.errors import UserError
 from layerscale_jax.plan import hlo as hlo_lib
+from layerscale_jax.plan import step_time as step_time_lib
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.plan import targets as targets_lib
 from layerscale_jax.train.config import as_experiment
@@ -35,7 +38,7 @@ from layerscale_jax.train.config import with_overrides as _with
 GiB = targets_lib.GiB
 # libtpu's out-of-memory at compile time, e.g. "... HLO temporaries (16.96G) exceeds available HBM (15.75G)".
 _TPU_OOM = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
-_UNITS = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+_UNITS = targets_lib.UNITS
 
 
 @dataclasses.dataclass
@@ -75,11 +78,13 @@ class CompileReport:
     train_memory: StepMemory
     eval_memory: StepMemory | None      # None: the eval step was not compiled
     flops_per_step: int
-    collectives: dict[str, dict[str, int]]
+    collectives: dict[str, dict[str, float]]
     compile_seconds: dict[str, float]
     peak_flop_per_s: float
     hbm_bytes_per_s: float
-    memory_note: str = ""               # where hbm_per_chip comes from when it is not the chip's HBM (GPUs)
+    step: step_time_lib.StepTime        # the train step's terms
+    link_bytes_per_s: dict[str, float]  # the bandwidth per chip of each link the step crosses
+    memory_note: str = ""               # where hbm_per_chip comes from
 
     @property
     def peak_bytes(self) -> int:
@@ -95,20 +100,27 @@ class CompileReport:
 
     @property
     def compute_seconds(self) -> float:
-        return self.flops_per_step / (self.num_chips * self.peak_flop_per_s)
+        return self.step.seconds["compute"]
 
     @property
     def memory_seconds(self) -> float:
-        m = self.train_memory
-        return (m.arguments + m.outputs + m.temporaries) / self.hbm_bytes_per_s
+        return self.step.seconds["memory"]
 
     @property
     def bound_seconds(self) -> float:
-        return max(self.compute_seconds, self.memory_seconds)
+        """The lower bound of the step time: its largest term."""
+        return self.step.lower
+
+    @property
+    def upper_seconds(self) -> float:
+        return self.step.upper
+
+    def mfu(self, seconds: float) -> float:
+        return self.flops_per_step / (self.num_chips * self.peak_flop_per_s * seconds)
 
     @property
     def mfu_ceiling(self) -> float:
-        return self.compute_seconds / self.bound_seconds
+        return self.mfu(self.bound_seconds)
 
     def to_json(self) -> dict[str, Any]:
         """The report as one JSON-able dict, with the derived figures."""
@@ -118,17 +130,29 @@ class CompileReport:
                 out[step]["total"] = getattr(self, step).total
         out.update(fits=self.fits, peak_bytes_per_chip=self.peak_bytes, headroom_bytes=self.headroom,
                    compute_bound_s=self.compute_seconds, memory_bound_s=self.memory_seconds,
-                   step_time_lower_bound_s=self.bound_seconds, mfu_ceiling=self.mfu_ceiling,
-                   images_per_s_upper_bound=self.global_batch / self.bound_seconds)
+                   step_time_lower_bound_s=self.bound_seconds, step_time_upper_bound_s=self.upper_seconds,
+                   dominant_term=self.step.dominant, mfu_ceiling=self.mfu_ceiling, mfu_floor=self.mfu(self.upper_seconds),
+                   images_per_s_upper_bound=self.global_batch / self.bound_seconds,
+                   images_per_s_lower_bound=self.global_batch / self.upper_seconds)
         return out
 
     def format(self) -> str:
         def gib(n):
             return f"{n / GiB:.2f} GiB"
 
-        t, e = self.train_memory, self.eval_memory
+        def ms(seconds):
+            return f"{seconds * 1e3:.1f} ms"
+
+        t, e, step = self.train_memory, self.eval_memory, self.step
         micro = f" (micro-batch {self.per_chip_batch // self.accum_steps} × {self.accum_steps})" \
             if self.accum_steps > 1 else ""
+        terms = [f"compute {ms(self.compute_seconds)} ({step.flops_per_chip:.3g} FLOP at "
+                 f"{self.peak_flop_per_s / 1e12:.0f} TFLOP/s bf16)",
+                 f"memory {ms(self.memory_seconds)} ({step.hbm_bytes_per_chip / 1e9:.3g} GB at "
+                 f"{self.hbm_bytes_per_s / 1e9:,.0f} GB/s)"]
+        terms += [f"{link} {ms(step.seconds[link])} ({step.link_bytes_per_chip[link] / 1e9:.3g} GB at "
+                  f"{self.link_bytes_per_s[link] / 1e9:,.1f} GB/s)" for link in step.seconds
+                  if link not in ("compute", "memory")]
         lines = [
             f"target      {self.target}: {self.topology}, {self.num_chips} × {self.chip}",
             f"mesh        {' × '.join(f'{k}={v}' for k, v in self.mesh.items())}",
@@ -141,14 +165,15 @@ class CompileReport:
             f"peak {gib(self.peak_bytes)}, headroom {gib(self.headroom)} "
             f"({'fits' if self.fits else 'DOES NOT FIT'})",
             f"FLOPs/step  {self.flops_per_step:.3e} (analytic model FLOPs)",
-            "collectives " + ("; ".join(f"{k} ×{v['count']} {v['bytes'] / 2 ** 20:,.1f} MiB"
+            "collectives " + ("; ".join(f"{k} ×{v['count']:,.0f} {v['bytes'] / 2 ** 20:,.1f} MiB"
                                         for k, v in self.collectives.items()) or "none")
-            + " (per chip, train step, loop bodies once)",
+            + " (per chip and train step, loops × trip counts)",
             "compile     " + ", ".join(f"{k} {v:.1f} s" for k, v in self.compile_seconds.items()),
-            f"roofline    step ≥ {self.bound_seconds * 1e3:.1f} ms (compute {self.compute_seconds * 1e3:.1f} ms at "
-            f"{self.peak_flop_per_s / 1e12:.0f} TFLOP/s bf16, memory {self.memory_seconds * 1e3:.1f} ms at "
-            f"{self.hbm_bytes_per_s / 1e9:,.0f} GB/s): ≤ {self.global_batch / self.bound_seconds:,.0f} img/s, "
-            f"MFU ceiling {self.mfu_ceiling:.2f}",
+            f"step time   {ms(self.bound_seconds)} to {ms(self.upper_seconds)} per train step, {step.dominant} "
+            f"dominates: ≤ {self.global_batch / self.bound_seconds:,.0f} img/s, MFU "
+            f"{self.mfu(self.upper_seconds):.2f} to {self.mfu_ceiling:.2f}",
+            "  per chip  " + "; ".join(terms),
+            *(f"  note      {n}" for n in step.notes),
             f"chip data   {self.chip_source}",
         ]
         return "\n".join(lines)
@@ -220,7 +245,7 @@ def does_not_fit(config, target, needed: float, available: float, what: str, per
                 f"--config.optim.accum_steps={steps[0]} keeps the global batch, ")
     else:
         hint = "not even one image per chip would fit as it is: "
-    return head + hint + "or --config.model.remat=full, or more fsdp; --fit compiles to find the first that fits"
+    return head + hint + "or --config.model.remat=full, or more fsdp; --fit compiles to find the fastest that fits"
 
 
 @dataclasses.dataclass
@@ -277,6 +302,9 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
     steps = compile_steps(config, target, eval_step=eval_step)
     parsed, mesh, compiled, tc = steps.target, steps.mesh, steps.compiled, steps.trainer.train
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
+    text = compiled["train"].as_text()
+    step = step_time_lib.step_time(text, parsed.chip, [d.process_index for d in mesh.devices.flat],
+                                   parsed.num_slices)
     report = CompileReport(
         target=parsed.name, topology=parsed.describe(), chip=parsed.chip.name, chip_source=parsed.chip.source,
         num_chips=parsed.num_chips, mesh={k: int(v) for k, v in mesh.shape.items()},
@@ -287,9 +315,10 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
         train_memory=StepMemory.of(compiled["train"]),
         eval_memory=StepMemory.of(compiled["eval"]) if eval_step else None,
         flops_per_step=analytic_flops(steps.trainer),
-        collectives=hlo_lib.collectives_by_kind(hlo_lib.collectives(compiled["train"].as_text())),
+        collectives=hlo_lib.collectives_by_kind(hlo_lib.collectives(text)),
         compile_seconds=steps.seconds, peak_flop_per_s=parsed.chip.peak_bf16_flop_per_s,
-        hbm_bytes_per_s=parsed.chip.hbm_bytes_per_s)
+        hbm_bytes_per_s=parsed.chip.hbm_bytes_per_s, step=step, link_bytes_per_s={
+            parsed.chip.link: parsed.chip.link_bytes_per_s, parsed.chip.network: parsed.chip.network_bytes_per_s})
     if check_fit and not report.fits:
         fixed = report.train_memory.total - report.train_memory.temporaries
         raise DoesNotFit(does_not_fit(steps.trainer.experiment.config, parsed, report.peak_bytes, report.hbm_per_chip,
@@ -328,12 +357,32 @@ def _layouts(config) -> list[dict]:
     return found
 
 
-def fit_search(config, target: str, log=print) -> tuple[CompileReport, dict]:
-    """The first config that compiles within the target's HBM, searched in this order: the largest per-chip
-    micro-batch (``optim.accum_steps`` doubled: the global batch, the optimizer and the FLOPs stay the recipe's),
-    then the remat policies (``REMAT_ORDER``: recomputation grows), each with the micro-batch search, then more
-    FSDP (``_layouts``: communication grows). Returns its report and the ``{config path: value}`` overrides.
-    Raises ``DoesNotFit`` when nothing fits."""
+@dataclasses.dataclass
+class FitResult:
+    """What ``--fit`` found: the fastest config that fits (by the step time's lower bound), its full report and
+    overrides, and every candidate that fit, fastest first (``candidates``: ``(overrides, train-step report)``)."""
+    report: CompileReport
+    overrides: dict
+    candidates: list[tuple[dict, CompileReport]]
+
+    def table(self) -> str:
+        """The candidates that fit, one line each: memory, step-time range and MFU."""
+        lines = [f"  {'candidate':58s}{'GiB/chip':>9s}{'step (ms)':>15s}{'MFU':>11s}"]
+        for overrides, r in self.candidates:
+            lines.append(f"  {' '.join(f'{k}={v}' for k, v in overrides.items()) or 'as given':58s}"
+                         f"{r.peak_bytes / GiB:9.2f}{f'{r.bound_seconds * 1e3:.1f}–{r.upper_seconds * 1e3:.1f}':>15s}"
+                         f"{f'{r.mfu(r.upper_seconds):.2f}–{r.mfu_ceiling:.2f}':>11s}")
+        return "\n".join(lines)
+
+
+def fit_search(config, target: str, log=print) -> FitResult:
+    """The configs that compile within what the target's compiler allows per chip, ranked by the lower bound of
+    their step time. Searched: per layout (the mesh as given, then more FSDP: ``_layouts``, only while nothing
+    fits: it adds communication), per remat policy from the least recomputation (``REMAT_ORDER``; a heavier one only
+    while none has fit at the recipe's own micro-batch), scanned and unrolled layers (``model.scan_layers``: scan
+    compiles one block and keeps every layer's activations in stacked buffers, unrolled lets XLA schedule and free
+    them layer by layer), each with its largest per-chip micro-batch that fits (``optim.accum_steps`` doubled: the
+    global batch, the optimizer and the FLOPs stay the recipe's). Raises ``DoesNotFit`` when nothing fits."""
     def attempt(overrides: dict) -> CompileReport | None:
         candidate = _with(config, overrides)
         described = " ".join(f"{k}={v}" for k, v in overrides.items()) or "the config as given"
@@ -343,14 +392,15 @@ def fit_search(config, target: str, log=print) -> tuple[CompileReport, dict]:
             log(f"  {described}: does not fit ({str(err).split(': it needs ')[-1].split(';')[0]})")
             return None
         log(f"  {described}: {report.peak_bytes / GiB:.2f} GiB of {report.hbm_per_chip / GiB:.2f} GiB per chip"
-            f"{'' if report.fits else ', does not fit'}")
+            + (f", step {report.bound_seconds * 1e3:.1f} to {report.upper_seconds * 1e3:.1f} ms" if report.fits
+               else ", does not fit"))
         return report if report.fits else None
 
-    def smallest_accum(overrides: dict) -> tuple[CompileReport, dict] | None:
+    def smallest_accum(overrides: dict) -> tuple[dict, CompileReport] | None:
         """The least accumulation (largest micro-batch) that fits, by bisection (memory falls as it grows)."""
         report = attempt(overrides)
         if report is not None:
-            return report, overrides
+            return overrides, report
         choices = _accum_choices(_with(config, overrides), _batch_devices(_with(config, overrides), target))
         best, lo, hi = None, 0, len(choices) - 1
         while lo <= hi:
@@ -358,22 +408,34 @@ def fit_search(config, target: str, log=print) -> tuple[CompileReport, dict]:
             trial = {**overrides, "optim.accum_steps": choices[mid]}
             report = attempt(trial)
             if report is not None:
-                best, hi = (report, trial), mid - 1
+                best, hi = (trial, report), mid - 1
             else:
                 lo = mid + 1
         return best
 
-    log(f"--fit: searching for {target} (per-chip batch, then remat, then fsdp)")
+    log(f"--fit: searching {target} (per-chip batch, scan or not, remat, then fsdp), ranking by the step time")
+    scanned = bool(config.model.get("scan_layers", False))
     remats = [r for r in REMAT_ORDER if r != config.model.get("remat", "none")]
+    fitting: list[tuple[dict, CompileReport]] = []
     for layout in [{}] + _layouts(config):
         for remat in [None] + remats:
-            overrides = {**layout, **({"model.remat": remat} if remat else {})}
-            found = smallest_accum(overrides)
-            if found is not None:
-                report, overrides = found
-                return compile_for(_with(config, overrides), target), overrides
-    raise DoesNotFit(f"{config.model.name} does not fit {target} with any per-chip batch, remat policy or fsdp "
-                     f"layout tried: it needs more chips (or more HBM per chip)")
+            at_recipe_batch = False
+            for scan in (scanned, not scanned):
+                found = smallest_accum({**layout, **({"model.remat": remat} if remat else {}),
+                                        **({"model.scan_layers": scan} if scan != scanned else {})})
+                if found is not None:
+                    fitting.append(found)
+                    at_recipe_batch |= "optim.accum_steps" not in found[0]
+            if at_recipe_batch:
+                break
+        if fitting:
+            break
+    if not fitting:
+        raise DoesNotFit(f"{config.model.name} does not fit {target} with any per-chip batch, remat policy or fsdp "
+                         f"layout tried: it needs more chips (or more HBM per chip)")
+    fitting.sort(key=lambda found: found[1].bound_seconds)
+    overrides = fitting[0][0]
+    return FitResult(compile_for(_with(config, overrides), target), overrides, fitting)
 
 
 def command_line_overrides(overrides: dict) -> str:
@@ -385,13 +447,19 @@ def compile_command(experiment, target: str, *, fit: bool = False, as_json: bool
     (its JSON as the last line with ``--json``); a run that does not fit is one ``error:`` line (``DoesNotFit``).
     ``experiment``: the command line's, validated."""
     overrides: dict = {}
+    found = None
     if fit:
-        report, overrides = fit_search(experiment.config, target)
+        found = fit_search(experiment.config, target)
+        report, overrides = found.report, found.overrides
     else:
         report = compile_for(experiment, target)
     print(report.format())
-    if fit:
-        print("fits as given" if not overrides else f"fits with: {command_line_overrides(overrides)}")
+    if found is not None:
+        print("candidates that fit, fastest (lower bound) first:\n" + found.table())
+        print("fastest as given" if not overrides else f"fastest with: {command_line_overrides(overrides)}")
     if as_json:
-        print(json.dumps({**report.to_json(), "fit_overrides": overrides}, sort_keys=True))
+        extra = {"fit_overrides": overrides} if found is None else {"fit_overrides": overrides, "fit_candidates": [
+            {"overrides": o, "peak_bytes_per_chip": r.peak_bytes, "step_time_lower_bound_s": r.bound_seconds,
+             "step_time_upper_bound_s": r.upper_seconds} for o, r in found.candidates]}
+        print(json.dumps({**report.to_json(), **extra}, sort_keys=True))
     return 0

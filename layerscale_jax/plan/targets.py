@@ -20,6 +20,7 @@ a 2-D one at the full 16×16 pod.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import math
 import os
@@ -32,31 +33,99 @@ GiB = 2 ** 30
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """One accelerator chip's published figures: HBM per chip, dense bf16 matmul peak, HBM bandwidth.
+    """One accelerator chip's published figures: HBM per chip, dense bf16 matmul peak, HBM bandwidth, and the links
+    a collective crosses: ``link_bytes_per_s`` between the chips of a slice (TPU ICI) or of a host (NVLink), and
+    ``network_bytes_per_s`` per chip between slices (TPU DCN) or hosts (the GPU's network adapter). Link figures
+    are one direction's bytes per second per chip: half of a "bidirectional" figure. ``network_bytes_per_s`` is
+    None where no figure is published (v4): the cross-slice term is then left out, and the report says so.
 
-    Memory: the datasheets write "GB"; the memories are binary gigabytes (an "80 GB" H100 shows 81,559 MiB; the
-    TPU v5e compiler reports 15.75 GiB of a v5e chip's 16 available to a program), so ``hbm_bytes`` is the
-    datasheet number in GiB.
+    Memory: the datasheets write "GB"; the memories are binary gigabytes (an "80 GB" H100 shows 81,559 MiB), so
+    ``hbm_bytes`` is the datasheet number in GiB. What a program may use is less: the compiler's own limit
+    (``compiler_hbm_bytes``, 15.75 GiB of a v5e chip's 16).
     """
     name: str
     platform: str                 # "tpu" or "cuda"
     hbm_bytes: int
     peak_bf16_flop_per_s: float   # dense (no 2:4 sparsity)
     hbm_bytes_per_s: float
-    source: str                   # where the three figures are published
+    link_bytes_per_s: float       # ICI (TPU) or NVLink (GPU), one direction, per chip
+    network_bytes_per_s: float | None     # DCN per chip (TPU) or the network per GPU, one direction
+    source: str                   # where the figures are published, one URL per figure group
+    link: str = "ICI"             # the names of the two links in the report
+    network: str = "DCN"
 
 
+# Sources, one row per chip:
+#  v4   HBM, peak, HBM bandwidth: https://cloud.google.com/tpu/docs/v4; ICI 2,400 Gbps per chip ("twice ... v4"):
+#       https://cloud.google.com/blog/products/ai-machine-learning/introducing-cloud-tpu-v5p-and-ai-hypercomputer
+#  v5e  https://cloud.google.com/tpu/docs/v5e: ICI 1,600 Gbps (400 GB/s bidirectional) per chip; data-centre network
+#       6.4 Tbps per 256-chip pod = 25 Gbps per chip (2 × 100 Gbps NICs per host)
+#  v5p  https://cloud.google.com/tpu/docs/v5p: ICI 1,200 GB/s bidirectional per chip (4,800 Gbps), DCN 50 Gbps per chip
+#  v6e  https://cloud.google.com/tpu/docs/v6e: ICI 3,584 Gbps per chip; data-centre network 25.6 Tbps per 256-chip
+#       pod = 100 Gbps per chip (4 × 200 Gbps NICs per host)
+#  h100 https://www.nvidia.com/en-us/data-center/h100/ (SXM: NVLink 900 GB/s bidirectional); the network: one
+#       400 Gb/s ConnectX-7 per GPU, https://www.nvidia.com/en-us/data-center/dgx-h100/ (DGX H100: 8 × 400 Gb/s)
+#  h200 https://www.nvidia.com/en-us/data-center/h200/ (SXM: NVLink 900 GB/s); one 400 Gb/s ConnectX-7 per GPU,
+#       https://www.nvidia.com/en-us/data-center/dgx-h200/
+# NVIDIA's datasheets give bf16 "with sparsity" (1,979 TFLOP/s); dense is half of it.
 CHIPS = {
-    "v4": Chip("TPU v4", "tpu", 32 * GiB, 275e12, 1200e9, "https://cloud.google.com/tpu/docs/v4"),
-    "v5e": Chip("TPU v5e", "tpu", 16 * GiB, 197e12, 819e9, "https://cloud.google.com/tpu/docs/v5e"),
-    "v5p": Chip("TPU v5p", "tpu", 95 * GiB, 459e12, 2765e9, "https://cloud.google.com/tpu/docs/v5p"),
-    "v6e": Chip("TPU v6e", "tpu", 32 * GiB, 918e12, 1638e9, "https://cloud.google.com/tpu/docs/v6e"),
-    # NVIDIA's datasheets give bf16 "with sparsity" (1,979 TFLOP/s); dense is half of it.
-    "h100": Chip("NVIDIA H100 SXM", "cuda", 80 * GiB, 989e12, 3.35e12,
-                 "https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM column)"),
-    "h200": Chip("NVIDIA H200 SXM", "cuda", 141 * GiB, 989e12, 4.8e12,
-                 "https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM column)"),
+    "v4": Chip("TPU v4", "tpu", 32 * GiB, 275e12, 1200e9, 2400e9 / 8, None,
+               "https://cloud.google.com/tpu/docs/v4, https://cloud.google.com/blog/products/ai-machine-learning/"
+               "introducing-cloud-tpu-v5p-and-ai-hypercomputer"),
+    "v5e": Chip("TPU v5e", "tpu", 16 * GiB, 197e12, 819e9, 1600e9 / 8, 6.4e12 / 8 / 256,
+                "https://cloud.google.com/tpu/docs/v5e"),
+    "v5p": Chip("TPU v5p", "tpu", 95 * GiB, 459e12, 2765e9, 1200e9 / 2, 50e9 / 8, "https://cloud.google.com/tpu/docs/v5p"),
+    "v6e": Chip("TPU v6e", "tpu", 32 * GiB, 918e12, 1638e9, 3584e9 / 8, 25.6e12 / 8 / 256,
+                "https://cloud.google.com/tpu/docs/v6e"),
+    "h100": Chip("NVIDIA H100 SXM", "cuda", 80 * GiB, 989e12, 3.35e12, 900e9 / 2, 400e9 / 8,
+                 "https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM column), "
+                 "https://www.nvidia.com/en-us/data-center/dgx-h100/", "NVLink", "network"),
+    "h200": Chip("NVIDIA H200 SXM", "cuda", 141 * GiB, 989e12, 4.8e12, 900e9 / 2, 400e9 / 8,
+                 "https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM column), "
+                 "https://www.nvidia.com/en-us/data-center/dgx-h200/", "NVLink", "network"),
 }
+def chip_table() -> str:
+    """``CHIPS`` as the markdown table of docs/multihost.md (link figures one direction, per chip)."""
+    lines = ["| chip | HBM per chip | dense bf16 peak | HBM bandwidth | chip-to-chip link | network per chip | source |",
+             "|---|---|---|---|---|---|---|"]
+    for key, c in CHIPS.items():
+        network = f"{c.network} {c.network_bytes_per_s / 1e9:,.2f} GB/s" if c.network_bytes_per_s else "not published"
+        lines.append(f"| {c.name} (`{key}`) | {c.hbm_bytes / GiB:.0f} GiB | {c.peak_bf16_flop_per_s / 1e12:,.0f} TFLOP/s "
+                     f"| {c.hbm_bytes_per_s / 1e9:,.0f} GB/s | {c.link} {c.link_bytes_per_s / 1e9:,.0f} GB/s | {network} "
+                     f"| {c.source} |")
+    return "\n".join(lines)
+
+
+_OOM_LIMIT = re.compile(r"exceeds available HBM \(([\d.]+)([KMGT])\)")
+UNITS = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+
+
+@functools.cache
+def compiler_hbm_bytes(chip_key: str) -> int:
+    """The HBM libtpu lets one program use on a ``chip_key`` TPU chip, as its compiler reports it: the limit in its
+    compile-time out-of-memory error ("... exceeds available HBM (15.75G)"), provoked by compiling, for one chip of
+    the target, a program that holds twice the chip's HBM (0.1 s, nothing runs). v5e: 15.75 GiB of 16; v4 30.75 of
+    32, v6e 31.24 of 32, v5p 95.73 (libtpu 0.0.50.1)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    target = parse_target(f"{chip_key}-{8 if chip_key in _MEGACORE else 1}")
+    sharding = NamedSharding(Mesh(target_devices(target)[:1], ("x",)), PartitionSpec())
+    rows = 2 * CHIPS[chip_key].hbm_bytes // 4 // 1024
+
+    def hold(x):
+        return jax.lax.optimization_barrier(jnp.broadcast_to(x, (rows, 1024)) + jnp.arange(1024.0)).sum()
+
+    try:
+        jax.jit(hold, in_shardings=sharding, out_shardings=sharding).lower(
+            jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding)).compile()
+    except Exception as err:            # noqa: BLE001 - the out-of-memory error is the answer
+        found = _OOM_LIMIT.search(str(err))
+        if found:
+            return int(float(found.group(1)) * UNITS[found.group(2)])
+        raise
+    raise RuntimeError(f"libtpu compiled {2 * CHIPS[chip_key].hbm_bytes / GiB:.0f} GiB for one {chip_key} chip")
 
 # JAX's topology names for the generations (``get_topology_desc(topology_name=...)``), and whether a chip's two
 # TensorCores act as one device ("megacore": v4, v5p).
@@ -114,18 +183,19 @@ class Target:
 
     @property
     def memory_per_chip(self) -> int:
-        """Bytes a program may use on one chip: a TPU chip's HBM; on a GPU, the share of its memory JAX lets XLA use
-        (``gpu_targets.usable_memory_bytes``: 0.75 of what XLA's target description gives, by default)."""
+        """Bytes a program may use on one chip: on a TPU what libtpu allows (``compiler_hbm_bytes``); on a GPU, the
+        share of its memory JAX lets XLA use (``gpu_targets.usable_memory_bytes``: 0.75 of what XLA's target
+        description gives, by default)."""
         if self.chip.platform == "cuda":
             from layerscale_jax.plan import gpu_targets
             return gpu_targets.usable_memory_bytes(self.chip_key)
-        return self.chip.hbm_bytes
+        return compiler_hbm_bytes(self.chip_key)
 
     @property
     def memory_note(self) -> str:
-        """Where ``memory_per_chip`` comes from, where it is not simply the chip's HBM."""
+        """Where ``memory_per_chip`` comes from."""
         if self.chip.platform != "cuda":
-            return ""
+            return f"what libtpu allows of the chip's {self.chip.hbm_bytes / GiB:.0f} GiB"
         from layerscale_jax.plan import gpu_targets
         device = gpu_targets.device_memory_bytes(self.chip_key) / GiB
         return f"JAX's {gpu_targets.memory_fraction():.2f} of the {device:.2f} GiB a GPU has: XLA_CLIENT_MEM_FRACTION"
