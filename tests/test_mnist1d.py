@@ -86,8 +86,8 @@ def test_default_config_is_valid_and_carries_the_generator_arguments():
     ({"eval_split": "train_without_validation"}, "data.eval_split='train_without_validation' is not a split"),
     ({"mnist1d__num_test": 5}, "must be a multiple of 10"),
     ({"mnist1d__padding": (5, 2)}, "data.mnist1d.padding must be (low, high)"),
-    ({"mnist1d__seed": -1}, "data.mnist1d.seed must be >= 0"),
-    ({"mnist1d__shear_scale": -1.0}, "data.mnist1d.shear_scale must be >= 0.0, got -1.0"),
+    ({"mnist1d__seed": -1}, "data.mnist1d.seed=-1 must be a non-negative integer"),
+    ({"mnist1d__shear_scale": -1.0}, "data.mnist1d.shear_scale=-1.0 must be a finite number ≥ 0"),
 ])
 def test_bad_settings_are_named(fields, message):
     with pytest.raises(ConfigError, match=None) as err:

@@ -66,7 +66,8 @@ import ml_collections
 from layerscale_jax.data.mnist1d import NAME as MNIST1D
 from layerscale_jax.data.mnist1d import SPLITS as MNIST1D_SPLITS
 from layerscale_jax.data.mnist1d import Mnist1dSettings
-from layerscale_jax.errors import ConfigError, did_you_mean
+from layerscale_jax.errors import ConfigError
+from layerscale_jax.settings import boolean, check_fields, integer, number
 from layerscale_jax.paths import as_path
 
 DIGITS = "digits"
@@ -193,59 +194,10 @@ def use_sharded_input(cfg, workers: int) -> None:
     cfg.read_block, cfg.read_window = SHARDED_READ_BLOCK, SHARDED_READ_WINDOW
 
 
-def _fields_of(obj):
-    """The fields an object sets, or None when they cannot be listed."""
-    if isinstance(obj, ml_collections.ConfigDict):
-        return set(obj.keys())
-    if isinstance(obj, Mapping):
-        return set(obj.keys())
-    if hasattr(obj, "__dict__"):
-        return {k for k in vars(obj) if not k.startswith("_")}
-    return None
-
-
 def _get(obj, name, default):
     if isinstance(obj, Mapping) and not isinstance(obj, ml_collections.ConfigDict):
         return obj.get(name, default)
     return getattr(obj, name, default)
-
-
-def _check_unknown(obj, known, prefix):
-    fields = _fields_of(obj)
-    if fields is None:
-        return
-    unknown = sorted(fields - set(known))
-    if unknown:
-        listed = ", ".join(f"{prefix}{u}{did_you_mean(u, known)}" for u in unknown)
-        raise ConfigError(f"unknown field(s) {listed}; known: {sorted(known)}")
-
-
-def _int(value, field, minimum=None):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"data.{field} must be an int, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"data.{field} must be >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _float(value, field, lo=None, hi=None, hi_open=False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"data.{field} must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ConfigError(f"data.{field} must be a finite number, got {value!r}")
-    if hi is None and lo is not None and value < lo:
-        raise ConfigError(f"data.{field} must be >= {lo}, got {value!r}")
-    if (lo is not None and value < lo) or (hi is not None and (value >= hi if hi_open else value > hi)):
-        bracket = ")" if hi_open else "]"
-        raise ConfigError(f"data.{field} must be in [{lo}, {hi}{bracket}, got {value!r}")
-    return value
-
-
-def _bool(value, field):
-    if not isinstance(value, bool):
-        raise ConfigError(f"data.{field} must be True or False, got {value!r}")
-    return value
 
 
 _RAND_RE = re.compile(r"^rand(-(m[0-9.]+|n[0-9]+|mstd[0-9.]+|inc[01]))*$")
@@ -286,7 +238,7 @@ def validate_data_config(cfg):
     if not isinstance(name, str) or not name or name != name.strip():
         raise ConfigError(f"data.name must be 'digits', 'synthetic' or a TFDS dataset name, got {name!r}")
     defaults = default_data_config(name)
-    _check_unknown(cfg, defaults.keys(), "data.")
+    check_fields(cfg, defaults.keys(), "data.")
 
     def get(field):
         return _get(cfg, field, defaults[field])
@@ -296,7 +248,7 @@ def validate_data_config(cfg):
         raise ConfigError(f"data.data_dir must be None or a non-empty path string, got {data_dir!r}")
     if data_dir is not None:
         as_path(data_dir, "data.data_dir")       # a local path, file:// or gs://
-    image_size = _int(get("image_size"), "image_size", 1)
+    image_size = integer("data.image_size", get("image_size"), 1)
     train_split = get("train_split")
     if not isinstance(train_split, str) or not train_split.strip():
         raise ConfigError(f"data.train_split must be a split name such as 'train', got {train_split!r}")
@@ -308,7 +260,7 @@ def validate_data_config(cfg):
     aug_defaults = defaults.augment
     if aug is None:
         aug = aug_defaults
-    _check_unknown(aug, _AUGMENT_FIELDS, "data.augment.")
+    check_fields(aug, _AUGMENT_FIELDS, "data.augment.")
 
     def aget(field):
         return _get(aug, field, aug_defaults[field])
@@ -324,22 +276,22 @@ def validate_data_config(cfg):
     interpolation = aget("interpolation")
     if interpolation not in INTERPOLATIONS:
         raise ConfigError(f"data.augment.interpolation must be 'bicubic' or 'bilinear', got {interpolation!r}")
-    crop_padding = _int(aget("crop_padding"), "augment.crop_padding", 0)
+    crop_padding = integer("data.augment.crop_padding", aget("crop_padding"), 0)
     if crop_padding >= image_size:
         raise ConfigError(
             f"data.augment.crop_padding must be smaller than data.image_size={image_size}, got {crop_padding}"
         )
     augment = AugmentSettings(
-        random_resized_crop=_bool(aget("random_resized_crop"), "augment.random_resized_crop"),
+        random_resized_crop=boolean("data.augment.random_resized_crop", aget("random_resized_crop")),
         crop_scale=(float(scale[0]), float(scale[1])),
         interpolation=interpolation,
         crop_padding=crop_padding,
-        hflip=_bool(aget("hflip"), "augment.hflip"),
-        three_augment=_bool(aget("three_augment"), "augment.three_augment"),
-        color_jitter=_float(aget("color_jitter"), "augment.color_jitter", 0.0, 1.0),
+        hflip=boolean("data.augment.hflip", aget("hflip")),
+        three_augment=boolean("data.augment.three_augment", aget("three_augment")),
+        color_jitter=number("data.augment.color_jitter", aget("color_jitter"), 0.0, 1.0),
         randaugment=parse_randaugment(aget("randaugment")),
     )
-    channels = _int(get("channels"), "channels", 1)
+    channels = integer("data.channels", get("channels"), 1)
     if channels not in (1, 3):
         raise ConfigError(f"data.channels must be 1 or 3, got {channels}")
     jpeg_shape = get("synthetic_jpeg_shape")
@@ -362,21 +314,21 @@ def validate_data_config(cfg):
         train_split=train_split,
         eval_split=eval_split,
         image_size=image_size,
-        num_workers=_int(get("num_workers"), "num_workers", 0),
-        prefetch=_int(get("prefetch"), "prefetch", 0),
-        read_block=_int(get("read_block"), "read_block", 0),
-        read_window=_int(get("read_window"), "read_window", 1),
-        cache=_bool(get("cache"), "cache"),
-        crop_pct=_float(get("crop_pct"), "crop_pct", 0.05, 1.0),
-        skip_bad_records=_bool(get("skip_bad_records"), "skip_bad_records"),
+        num_workers=integer("data.num_workers", get("num_workers"), 0),
+        prefetch=integer("data.prefetch", get("prefetch"), 0),
+        read_block=integer("data.read_block", get("read_block"), 0),
+        read_window=integer("data.read_window", get("read_window"), 1),
+        cache=boolean("data.cache", get("cache")),
+        crop_pct=number("data.crop_pct", get("crop_pct"), 0.05, 1.0),
+        skip_bad_records=boolean("data.skip_bad_records", get("skip_bad_records")),
         augment=augment,
-        mixup_alpha=_float(get("mixup_alpha"), "mixup_alpha", 0.0),
-        cutmix_alpha=_float(get("cutmix_alpha"), "cutmix_alpha", 0.0),
-        label_smoothing=_float(get("label_smoothing"), "label_smoothing", 0.0, 1.0, hi_open=True),
-        num_classes=_int(get("num_classes"), "num_classes", 1),
+        mixup_alpha=number("data.mixup_alpha", get("mixup_alpha"), 0.0),
+        cutmix_alpha=number("data.cutmix_alpha", get("cutmix_alpha"), 0.0),
+        label_smoothing=number("data.label_smoothing", get("label_smoothing"), 0.0, 1.0, high_open=True),
+        num_classes=integer("data.num_classes", get("num_classes"), 1),
         channels=channels,
-        num_train=_int(get("num_train"), "num_train", 1),
-        num_test=_int(get("num_test"), "num_test", 1),
+        num_train=integer("data.num_train", get("num_train"), 1),
+        num_test=integer("data.num_test", get("num_test"), 1),
         synthetic_jpeg_shape=jpeg_shape,
         mnist1d=signals,
     )
@@ -386,12 +338,12 @@ def _mnist1d_settings(cfg, defaults) -> Mnist1dSettings:
     """``data.mnist1d`` checked: sizes ≥ 1 with a multiple of 10 in all (the generator draws ``n // 10`` signals
     per class), a non-negative seed, ``padding`` (low, high) with 0 ≤ low ≤ high, positive lengths, non-negative
     scales."""
-    _check_unknown(cfg, defaults.keys(), "data.mnist1d.")
+    check_fields(cfg, defaults.keys(), "data.mnist1d.")
 
     def get(field):
         return _get(cfg, field, defaults[field])
 
-    sizes = {f: _int(get(f), f"mnist1d.{f}", 1) for f in ("num_train", "num_validation", "num_test")}
+    sizes = {f: integer(f"data.mnist1d.{f}", get(f), 1) for f in ("num_train", "num_validation", "num_test")}
     if sum(sizes.values()) % 10:
         raise ConfigError(f"data.mnist1d: num_train + num_validation + num_test = {sum(sizes.values())} must be a "
                           "multiple of 10 (the generator draws the same number of signals of each class)")
@@ -401,11 +353,11 @@ def _mnist1d_settings(cfg, defaults) -> Mnist1dSettings:
             or not 0 <= padding[0] <= padding[1]):
         raise ConfigError(f"data.mnist1d.padding must be (low, high) integers with 0 <= low <= high, got {padding!r}")
     return Mnist1dSettings(
-        **sizes, seed=_int(get("seed"), "mnist1d.seed", 0), padding=(int(padding[0]), int(padding[1])),
-        template_len=_int(get("template_len"), "mnist1d.template_len", 2),
-        max_translation=_int(get("max_translation"), "mnist1d.max_translation", 1),
-        final_seq_length=_int(get("final_seq_length"), "mnist1d.final_seq_length", 2),
-        **{f: _float(get(f), f"mnist1d.{f}", 0.0) for f in ("scale_coeff", "corr_noise_scale", "iid_noise_scale",
+        **sizes, seed=integer("data.mnist1d.seed", get("seed"), 0), padding=(int(padding[0]), int(padding[1])),
+        template_len=integer("data.mnist1d.template_len", get("template_len"), 2),
+        max_translation=integer("data.mnist1d.max_translation", get("max_translation"), 1),
+        final_seq_length=integer("data.mnist1d.final_seq_length", get("final_seq_length"), 2),
+        **{f: number(f"data.mnist1d.{f}", get(f), 0.0) for f in ("scale_coeff", "corr_noise_scale", "iid_noise_scale",
                                                             "shear_scale")})
 
 
