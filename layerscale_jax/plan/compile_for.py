@@ -200,10 +200,10 @@ def batch_specs(experiment, mesh, size: int, with_mask: bool) -> dict:
     return spec
 
 
-def describe_model(trainer) -> str:
-    arch = trainer.arch
-    count = sum(math.prod(p.shape) for p in jax.tree.leaves(trainer.abstract_state["params"]))
-    return (f"{trainer.experiment.config.model.name} (depth {arch.depth}, width {arch.embed_dim}, {count:,} "
+def describe_model(steps) -> str:
+    arch = steps.trainer.arch
+    count = sum(math.prod(p.shape) for p in jax.tree.leaves(steps.trainer.abstract_state["params"]))
+    return (f"{steps.experiment.config.model.name} (depth {arch.depth}, width {arch.embed_dim}, {count:,} "
             f"parameters, {arch.dtype}, remat {arch.remat})")
 
 
@@ -254,6 +254,7 @@ class CompiledSteps:
     target: targets_lib.Target
     mesh: Any
     trainer: Any                    # loop.Trainer
+    experiment: Any                 # train.config.Experiment: what was compiled
     compiled: dict[str, Any]        # "train" (and "eval"): jax.stages.Compiled
     seconds: dict[str, float]       # compile time of each
 
@@ -291,7 +292,7 @@ def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSte
             seconds[name] = time.perf_counter() - start
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)
-    return CompiledSteps(parsed, mesh, trainer, compiled, seconds)
+    return CompiledSteps(parsed, mesh, trainer, experiment, compiled, seconds)
 
 
 def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool = True) -> CompileReport:
@@ -308,7 +309,7 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
     report = CompileReport(
         target=parsed.name, topology=parsed.describe(), chip=parsed.chip.name, chip_source=parsed.chip.source,
         num_chips=parsed.num_chips, mesh={k: int(v) for k, v in mesh.shape.items()},
-        model=describe_model(steps.trainer),
+        model=describe_model(steps),
         global_batch=tc.batch_size, per_chip_batch=tc.batch_size // batch_devices,
         accum_steps=steps.trainer.optim.accum_steps, hbm_per_chip=parsed.memory_per_chip,
         memory_note=parsed.memory_note,
@@ -321,7 +322,7 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
             parsed.chip.link: parsed.chip.link_bytes_per_s, parsed.chip.network: parsed.chip.network_bytes_per_s})
     if check_fit and not report.fits:
         fixed = report.train_memory.total - report.train_memory.temporaries
-        raise DoesNotFit(does_not_fit(steps.trainer.experiment.config, parsed, report.peak_bytes, report.hbm_per_chip,
+        raise DoesNotFit(does_not_fit(steps.experiment.config, parsed, report.peak_bytes, report.hbm_per_chip,
                                       "arguments, outputs and temporaries", report.per_chip_batch,
                                       report.train_memory.temporaries, report.hbm_per_chip - fixed))
     return report

@@ -30,7 +30,7 @@ from flax import nnx
 
 from layerscale_jax import data as data_lib
 from layerscale_jax import network, optim
-from layerscale_jax.arch import MAEConfig
+from layerscale_jax.arch import ArchConfig, MAEConfig
 from layerscale_jax.errors import ConfigError, UserError
 from layerscale_jax.models.registry import create_from_config
 from layerscale_jax.paths import as_path, read_json, write_text_atomically
@@ -42,7 +42,7 @@ from layerscale_jax.train import workdir as workdir_lib
 from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, to_jsonable
 from layerscale_jax.train.compile_cache import use_compilation_cache
 from layerscale_jax.optim.config import OptimSettings
-from layerscale_jax.train.config import Experiment, as_experiment
+from layerscale_jax.train.config import Experiment, TrainSettings, as_experiment
 from layerscale_jax.train.config import model_overrides  # noqa: F401 - re-exported (tests, scripts)
 from layerscale_jax.train.diagnostics import make_diagnostics_fn
 from layerscale_jax.train.evaluation import Evaluation
@@ -103,8 +103,10 @@ def state_shardings(abstract_state: dict, param_sharding, mesh, rules) -> dict:
 
 @dataclasses.dataclass
 class Trainer:
-    """Everything the loop needs, built from an experiment for a mesh (usable on its own in notebooks and tests)."""
-    experiment: Experiment
+    """What the loop needs and only the trainer holds, built from an experiment for a mesh (the model, the compiled
+    steps, their shardings; usable on its own in notebooks and tests). The loop's pieces take their sections."""
+    train: TrainSettings
+    arch: ArchConfig              # the architecture the model is built from
     mesh: Any
     info: Any                     # the dataset's DatasetInfo
     make_model: Callable
@@ -121,10 +123,6 @@ class Trainer:
     train_step: Callable          # jitted, donates the state
     eval_step: Callable           # jitted
     diagnostics: Callable | None  # jitted (params, batch) → train.diagnostics (classification), replicated
-
-    train = property(lambda self: self.experiment.train, doc="The train section: ``TrainSettings``.")
-    data = property(lambda self: self.experiment.data, doc="The data section: ``DataSettings``.")
-    arch = property(lambda self: self.experiment.model, doc="The architecture config the model is built from.")
 
     def init_state(self) -> dict:
         """The initial train state, created already sharded; ``train.init_from`` weights replace the random ones."""
@@ -180,9 +178,9 @@ def create_trainer(config: Experiment | Any, mesh, info=None) -> Trainer:
                         out_shardings=shard_lib.replicated(mesh))
     diagnostics = (make_diagnostics_fn(graphdef_train, mesh, param_sharding, batch_sharding, tc.sharding_rules)
                    if task.uses_labels else None)
-    return Trainer(experiment, mesh, info, make_model, abstract_model, graphdef_train, graphdef_eval, task, bundle,
-                   optim_settings, param_sharding, shardings, abstract_sharded, init_fn, train_step, eval_step,
-                   diagnostics)
+    return Trainer(experiment.train, experiment.model, mesh, info, make_model, abstract_model, graphdef_train,
+                   graphdef_eval, task, bundle, optim_settings, param_sharding, shardings, abstract_sharded, init_fn,
+                   train_step, eval_step, diagnostics)
 
 
 def describe_architecture(config, n_params: int) -> dict:
