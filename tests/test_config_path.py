@@ -132,6 +132,7 @@ def tiny_config(steps: int) -> ml_collections.ConfigDict:
     return config
 
 
+@pytest.mark.slow
 def test_the_model_and_data_sections_are_validated_once_in_a_run(monkeypatch, tmp_path):
     config = tiny_config(4)
     counted = CountedConstructions(monkeypatch)
@@ -140,6 +141,7 @@ def test_the_model_and_data_sections_are_validated_once_in_a_run(monkeypatch, tm
     assert counted.made == ["ViTConfig", "DataSettings"]     # where the config entered; the run uses those objects
 
 
+@pytest.mark.slow
 def test_a_validated_experiment_is_not_checked_again(monkeypatch, tmp_path):
     experiment = validate_experiment_config(tiny_config(4))
     counted = CountedConstructions(monkeypatch)

@@ -71,6 +71,7 @@ def test_epsilon_column_follows_the_scheme(sweep):
     assert by_scheme["skipinit"]["epsilon"] == "0.0" and by_scheme["none"]["epsilon"] == ""
 
 
+@pytest.mark.slow
 def test_table_and_every_plot_are_written(sweep):
     _, _, paths = sweep
     table = open(paths["table"]).read()
@@ -150,6 +151,7 @@ def test_a_cut_budget_axis_counts_what_it_leaves_out_and_the_loss_curves_draw_th
     assert vp.label_smoothing_floor(0.1, 10) == pytest.approx(0.5003, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_each_record_holds_the_loss_curve_and_diagnostics_at_init_and_each_evaluation(sweep):
     out, _, _ = sweep
     record = {r["scheme"]: r for r in da_runs.load_records(out)}["layerscale"]
@@ -160,6 +162,7 @@ def test_each_record_holds_the_loss_curve_and_diagnostics_at_init_and_each_evalu
     assert {"diag/blocks.0.attn.ratio", "diag/blocks.0.mlp.ratio", "diag/blocks.0.grad_norm"} <= set(init)
 
 
+@pytest.mark.slow
 def test_a_resumed_sweep_skips_finished_runs_and_trains_only_missing_ones(sweep, monkeypatch, tmp_path):
     out, _, _ = sweep
     trained = []
@@ -212,6 +215,7 @@ def test_sweep_estimate_adds_fixed_and_per_step_costs_linear_in_depth():
     assert da_cost.estimate_sweep_seconds(costs, specs, sizing) == pytest.approx(2 * 5 + 100 * 0.01 * (12 + 48))
 
 
+@pytest.mark.slow
 def test_each_table_names_the_command_that_produced_it(sweep, tmp_path):
     """An lr sweep writes only its own outputs, headed by its command; the grid's table keeps the grid's command."""
     out = str(tmp_path / "copy")

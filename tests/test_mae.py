@@ -115,6 +115,7 @@ def test_the_encoder_loads_every_expected_parameter_into_a_classifier(tmp_path, 
             np.testing.assert_array_equal(value, source[key], err_msg=key)
 
 
+@pytest.mark.slow
 def test_init_from_another_architecture_lists_every_mismatched_parameter(tmp_path):
     save_pretrained(tiny_mae(), tmp_path / "mae")
     wider = create_model("deit3_small_patch16_224", **{**ENCODER, "embed_dim": 32})

@@ -172,6 +172,7 @@ def test_scan_and_unrolled_agree_on_signals():
     np.testing.assert_allclose(scanned(x), unrolled(x), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_model_and_dataset_must_agree_on_dims(tmp_path):
     from layerscale_jax.train.loop import train_and_record
     config = _study_config(tmp_path, "steps=2")

@@ -52,11 +52,13 @@ def test_optimizer_state_tree_grows_like_the_parameter_leaves():
     assert high["state_nodes"] <= 4 * high["leaves"] + 16, high  # mu, nu and their containers per leaf
 
 
+@pytest.mark.slow
 def test_update_program_operations_grow_like_the_parameter_leaves():
     low, high = (update_cost(d, False) for d in DEPTHS)
     assert high["ops"] / low["ops"] <= SLACK * high["leaves"] / low["leaves"], (low, high)
 
 
+@pytest.mark.slow
 def test_scanned_layout_update_does_not_grow_with_depth():
     low, high = (update_cost(d, True) for d in DEPTHS)
     assert high["leaves"] == low["leaves"]

@@ -55,6 +55,7 @@ class RenamedLayerScale(nnx.Module):
         return self.lam[...]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_a_renamed_layerscale_keeps_its_decay_sharding_and_diagnostics(monkeypatch, scan_layers):
     from layerscale_jax.train.diagnostics import branch_diagnostics
@@ -145,6 +146,7 @@ def load_tiny_config(arg):
     return module.get_config(arg)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_before_the_metadata_restores_and_resumes(tmp_path):
     """tests/fixtures/workdir_v1: step 4 of ``tiny_synthetic.py`` (steps=4, scan_layers=True, optim.ema_decay=0.9)
     trained by commit 628bea8, before parameters carried roles; workdir_v1_params.npz holds its parameters as that

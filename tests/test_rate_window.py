@@ -93,6 +93,7 @@ def _all(widths):
     return records
 
 
+@pytest.mark.slow
 def test_the_window_endpoint_is_welch_on_per_seed_windows_holm_over_seven_by_hand():
     from scipy import stats
     widths = {("layerscale", True): (3, 4, 5), ("none", True): (1, 2, 2), ("scalar", True): (3, 4, 4)}
@@ -117,6 +118,7 @@ def test_the_window_endpoint_is_welch_on_per_seed_windows_holm_over_seven_by_han
     assert by[("none", True)].outcome == ("as claimed" if 7 * p_none < 0.05 else "not resolved")
 
 
+@pytest.mark.slow
 def test_two_constant_windows_are_not_tested_and_a_resolved_one_decides():
     widths = {("layerscale", True): (4, 4, 4)}                       # every other column 3, 3, 3: no test
     result, complete = rw.analyse(_all(widths))["window"]
@@ -130,6 +132,7 @@ def test_two_constant_windows_are_not_tested_and_a_resolved_one_decides():
         "reproduced", "not reproduced: no difference resolved")
 
 
+@pytest.mark.slow
 def test_the_accuracy_endpoints_compare_each_shared_rate_and_count_divergence_apart():
     records = _all({})
     for r in records:                            # none diverges at 2e-2 on two of three seeds at depth 48
@@ -158,6 +161,7 @@ def test_the_decision_waits_for_every_depth_48_run_of_an_endpoint():
     assert results["accuracy at 0.01"][1] and results["accuracy at 0.02"][1]
 
 
+@pytest.mark.slow
 def test_the_report_shows_every_seed_and_says_interim_until_complete(tmp_path):
     os.makedirs(tmp_path / "runs")
     widths = {("layerscale", True): (3, 4, 5), ("none", True): (1, 2, 2)}
@@ -176,6 +180,7 @@ def test_the_report_shows_every_seed_and_says_interim_until_complete(tmp_path):
     assert "## Endpoint: window — **interim: not decided**" in rw.write_report(str(tmp_path), command="pytest")
 
 
+@pytest.mark.slow
 def test_the_report_states_each_comparisons_detectable_difference_by_hand(tmp_path):
     # LayerScale W 3, 4, 5 (SD 1) vs none 1, 2, 2 (SD 0.577), 3 a side: 80% power at α/m (m = 7 tests) and at α
     os.makedirs(tmp_path / "runs")
@@ -191,6 +196,7 @@ def test_the_report_states_each_comparisons_detectable_difference_by_hand(tmp_pa
     assert row.endswith(f"| {rw.OUT_OF_RANGE} / {loose:.2f} | not resolved |")
 
 
+@pytest.mark.slow
 def test_the_simulated_welch_test_holds_its_level_and_needs_more_than_the_formula_at_three_seeds():
     """At δ = 0 the simulated Welch test rejects about α of the draws; at 3 seeds a side it needs more than the
     formula (SDs taken as known) to reach 80% power, at 30 about the same; seeded, it repeats exactly."""
@@ -215,6 +221,7 @@ def test_the_window_can_differ_by_four_rates_when_every_seed_has_a_run_and_a_uni
     assert rw.binomial_se_points(0.98) == pytest.approx(100 * math.sqrt(0.98 * 0.02 / 285))   # 0.83 points
 
 
+@pytest.mark.slow
 def test_points_below_best_is_the_gap_to_the_seeds_best_run_in_points_and_the_figure_draws(tmp_path):
     runs = [_run(rate=2e-3, correct=277), _run(rate=5e-3, correct=280), _run(rate=2e-2, diverged=True),
             _run(seed=6, rate=2e-3, correct=271), _run(seed=6, rate=5e-3, correct=285)]
@@ -245,6 +252,7 @@ def test_the_power_statement_is_the_t_approximation_by_hand():
     assert rw.detectable_in_sds(3, 0.05) == pytest.approx((2.7764 + 0.9410) * math.sqrt(2 / 3), abs=1e-3)
 
 
+@pytest.mark.slow
 def test_the_committed_report_is_what_the_committed_records_give(tmp_path):
     import shutil
     if not os.path.exists(os.path.join(rw.OUT, "report.md")):
@@ -269,6 +277,7 @@ def _write_up_sections() -> tuple[str, str]:
     return readme, experiments
 
 
+@pytest.mark.slow
 def test_the_write_ups_quote_the_decided_report():
     """README's and experiments/README's rate-window result is the committed records' analysis: each endpoint's
     verdict, its range of differences and detectable differences, and every difference with its interval that they
@@ -313,6 +322,7 @@ def test_the_write_ups_quote_the_depth_6_to_48_window_change():
             or f"{min(values):.2f}–{max(values):.2f} at {depth}" in experiments, depth
 
 
+@pytest.mark.slow
 def test_the_write_ups_state_the_window_endpoints_limits_the_report_computes():
     """The post-hoc limits quoted in README and experiments/README — the band against one evaluation's binomial SE,
     the simulated detectable differences within the endpoint's range (how many lie beyond it) and how much more
