@@ -211,20 +211,20 @@ def test_fit_finds_the_largest_per_chip_micro_batch_that_fits(monkeypatch):
     module, tried = fake_compiles(monkeypatch, lambda c: c.optim.accum_steps >= 4 and c.model.remat == "none")
     found = module.fit_search(recipe_config(), "v5e-16", log=lambda line: None)
     assert found.overrides == {"optim.accum_steps": 4} and found.report.fits
-    assert tried[0] == (1, "none", 1, True)                  # the recipe as given first (it scans its layers)
-    assert {(1, "none", 1, True), (2, "none", 1, True), (4, "none", 1, True)} <= set(tried)
-    assert (8, "none", 1, True) not in tried                 # bisection: 4 fits, 2 does not
+    assert tried[0] == (1, "none", 1, False)                 # the recipe as given first (unrolled layers)
+    assert {(1, "none", 1, False), (2, "none", 1, False), (4, "none", 1, False)} <= set(tried)
+    assert (8, "none", 1, False) not in tried                # bisection: 4 fits, 2 does not
     assert module.command_line_overrides(found.overrides) == "--config.optim.accum_steps=4"
 
 
 @pytest.mark.slow
 def test_fit_ranks_what_fits_by_the_step_time_s_lower_bound(monkeypatch):
-    module, tried = fake_compiles(monkeypatch, lambda c: True, bound=lambda c: 1.0 if c.model.scan_layers else 0.7)
+    module, tried = fake_compiles(monkeypatch, lambda c: True, bound=lambda c: 0.7 if c.model.scan_layers else 1.0)
     found = module.fit_search(recipe_config(), "v5e-16", log=lambda line: None)
-    assert found.overrides == {"model.scan_layers": False}                 # unrolled: faster here
-    assert [o for o, _ in found.candidates] == [{"model.scan_layers": False}, {}]
+    assert found.overrides == {"model.scan_layers": True}                  # scanned: faster here
+    assert [o for o, _ in found.candidates] == [{"model.scan_layers": True}, {}]
     assert len(tried) == 2 + 1          # both fit at the recipe's batch: no remat, no more fsdp; then the winner
-    assert "model.scan_layers=False" in found.table().splitlines()[1]
+    assert "model.scan_layers=True" in found.table().splitlines()[1]
 
 
 @pytest.mark.slow

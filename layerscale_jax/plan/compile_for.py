@@ -297,7 +297,7 @@ def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSte
 
 def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool = True) -> CompileReport:
     """Compile ``config``'s train and eval steps for ``target`` (a name of ``plan.targets``) and report per-chip
-    memory, FLOPs, collectives and the roofline bound. ``check_fit``: a run that does not fit the chip's HBM
+    memory, FLOPs, collectives and the step-time range. ``check_fit``: a run that does not fit the chip's HBM
     raises ``DoesNotFit`` (a ``UserError``: one line with the numbers) instead of returning its report.
     ``eval_step=False`` compiles the train step only."""
     steps = compile_steps(config, target, eval_step=eval_step)
@@ -328,7 +328,7 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
     return report
 
 
-# -- --fit: the first config that compiles within HBM ----------------------------------------------------------
+# -- --fit: the configs that compile within HBM, fastest first ----------------------------------------------
 
 REMAT_ORDER = ("dots_saveable", "dots_with_no_batch_dims_saveable", "full")   # least recomputation first
 

@@ -258,21 +258,49 @@ def _users(body: list[Instruction]) -> dict[str, list[tuple[Instruction, int]]]:
     return users
 
 
-def _read_bytes(name: str, users: dict, full: int) -> int:
-    """Bytes a fused computation reads of its value ``name``: the slices when it only slices it (through
-    bitcasts), nothing when it only updates it in place, else all ``full`` bytes."""
-    uses = users.get(name, [])
-    expanded = []
-    for user, position in uses:
+def _fused(module: Module, fusion: Instruction) -> list[Instruction]:
+    callee = next((c for a, c in module.calls(fusion) if a == "calls"), None)
+    return module.computations.get(callee, [])
+
+
+def _read_bytes(module: Module, body: list[Instruction], name: str, full: int) -> int:
+    """Bytes a fused computation reads of its parameter ``name`` (``full`` bytes in all): only the slices it takes
+    (``dynamic-slice``, ``slice``, ``gather``), nothing of a buffer it updates in place or passes through to its
+    output, what a nested fusion reads of it; all of it for any other use."""
+    users = _users(body)
+    pending, read = list(users.get(name, [])), 0
+    while pending:
+        user, position = pending.pop()
         if user.opcode == "bitcast":
-            expanded += users.get(user.name, [])
+            pending += users.get(user.name, [])
+        elif user.opcode in ("dynamic-slice", "slice", "gather") and position == 0:
+            read += type_bytes(user.type)
+        elif (user.opcode == "dynamic-update-slice" and position == 0) or (user.opcode == "tuple" and user.root):
+            continue
+        elif user.opcode == "fusion":
+            nested = _fused(module, user)
+            param = next((i.name for i in nested if i.opcode == "parameter" and i.args == str(position)), None)
+            read += full if param is None else _read_bytes(module, nested, param, full)
         else:
-            expanded.append((user, position))
-    if expanded and all(u.opcode in ("dynamic-slice", "slice", "gather") and p == 0 for u, p in expanded):
-        return sum(type_bytes(u.type) for u, _ in expanded)
-    if expanded and all(u.opcode == "dynamic-update-slice" and p == 0 for u, p in expanded):
+            return full
+    return min(read, full)
+
+
+def _written_bytes(module: Module, body: dict[str, Instruction], value: Instruction) -> int:
+    """Bytes a fusion writes for one of its outputs: the update of an in-place ``dynamic-update-slice`` (also
+    inside a nested fusion), nothing for an input passed through, else the output."""
+    while value.opcode == "bitcast" and value.operands and value.operands[0] in body:
+        value = body[value.operands[0]]
+    if value.opcode == "parameter":
         return 0
-    return full
+    if value.opcode == "dynamic-update-slice" and len(value.operands) > 1:
+        return type_bytes(module.type_of(value.operands[1]))
+    if value.opcode == "fusion":
+        nested = {i.name: i for i in _fused(module, value)}
+        root = next((i for i in nested.values() if i.root), None)
+        if root is not None and root.opcode != "tuple":
+            return min(_written_bytes(module, nested, root), type_bytes(value.type))
+    return type_bytes(value.type)
 
 
 def instruction_bytes(module: Module, instr: Instruction) -> int:
@@ -289,20 +317,19 @@ def instruction_bytes(module: Module, instr: Instruction) -> int:
         return 2 * operands[1]
     if instr.opcode != "fusion":
         return sum(operands) + type_bytes(instr.type)
-    callee = next((c for a, c in module.calls(instr) if a == "calls"), None)
-    body = module.computations.get(callee, [])
-    if callee and callee.startswith("all-reduce-scatter") or instr.name.startswith("all-reduce-scatter"):
-        return 0                                             # a collective: counted as communication
-    users = _users(body)
+    if instr.name.startswith(("all-reduce-scatter", "async-collective")):
+        return 0                                 # a collective (TPU's fused forms): counted as communication
+    body = _fused(module, instr)
     params = {int(i.args): i.name for i in body if i.opcode == "parameter" and i.args.isdigit()}
-    read = sum(_read_bytes(params[k], users, size) if k in params else size for k, size in enumerate(operands))
+    read = sum(_read_bytes(module, body, params[k], size) if k in params else size for k, size in enumerate(operands))
+    named = {i.name: i for i in body}
     root = next((i for i in body if i.root), None)
-    outputs = [root] if root is None or root.opcode != "tuple" else [module.by_name.get(o) for o in root.operands]
-    if root is None or any(o is None for o in outputs):
+    if root is None:
         return read + type_bytes(instr.type)
-    written = sum(type_bytes(module.type_of(o.operands[1])) if o.opcode == "dynamic-update-slice"
-                  and len(o.operands) > 1 else type_bytes(o.type) for o in outputs)
-    return read + written
+    outputs = [named.get(o) for o in root.operands] if root.opcode == "tuple" else [root]
+    if any(o is None for o in outputs):
+        return read + type_bytes(instr.type)
+    return read + sum(_written_bytes(module, named, o) for o in outputs)
 
 
 @dataclasses.dataclass(frozen=True)

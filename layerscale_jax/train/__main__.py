@@ -8,8 +8,9 @@ exits at once, without the distributed runtime's shutdown barrier: its peers' ne
 of every process waiting for the others until a timeout.
 
 ``--compile_for TARGET`` (``v5e-256``, ``v4-32``, ``2xv5e-256``, ``8xh100``, ``v5e:16x16``, ...) compiles the run's
-train and eval steps for that target on this machine and prints per-chip memory against HBM, FLOPs, collectives and
-the roofline bound instead of training (no ``--workdir``, no data; ``--fit`` searches for a config that fits,
+train and eval steps for that target on this machine and prints per-chip memory against what the compiler allows,
+FLOPs, collectives and the step-time range instead of training (no ``--workdir``, no data; ``--fit`` ranks the
+configs that fit by the step time,
 ``--json`` adds the report as one JSON line; ``plan.compile_for``, docs/multihost.md "Will it fit?").
 
 A mistake in the command line or the config is reported in one line (``error: ...``, exit status 2) before JAX
@@ -85,9 +86,9 @@ def _define_flags(flag_values: flags.FlagValues) -> None:
                         "layerscale_jax/train/launch.py).", flag_values=flag_values)
     flags.DEFINE_string("compile_for", None, "Compile the train and eval steps for a target (v5e-256, v4-32, "
                         "2xv5e-256, 8xh100, v5e:16x16, ...) on this machine and report memory, FLOPs, collectives and "
-                        "the roofline bound; nothing runs, no --workdir or data needed.", flag_values=flag_values)
-    flags.DEFINE_bool("fit", False, "With --compile_for: when the run does not fit, search the per-chip batch, remat "
-                      "and fsdp for the first config that does, and print its --config overrides.",
+                        "the step-time range; nothing runs, no --workdir or data needed.", flag_values=flag_values)
+    flags.DEFINE_bool("fit", False, "With --compile_for: search the per-chip batch, remat, scan and fsdp for the configs "
+                      "that fit, rank them by the step time's lower bound, print the fastest one's --config overrides.",
                       flag_values=flag_values)
     flags.DEFINE_bool("json", False, "With --compile_for: the report as one JSON object on the last line of stdout.",
                       flag_values=flag_values)
