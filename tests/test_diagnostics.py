@@ -8,7 +8,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from layerscale_jax.models import create_model
 from layerscale_jax.models.layout import convert_layout
-from layerscale_jax.train.sharding import DEFAULT_RULES, batch_sharding, make_mesh
+from layerscale_jax.data.sharding import batch_sharding
+from layerscale_jax.train.config import DEFAULT_RULES
+from layerscale_jax.train.sharding import make_mesh
 from layerscale_jax.train.diagnostics import branch_diagnostics, make_diagnostics_fn, to_floats
 
 TINY = dict(img_size=8, patch_size=4, in_chans=1, embed_dim=16, num_heads=2, num_classes=3, depth=2)

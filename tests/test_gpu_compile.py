@@ -80,7 +80,8 @@ def _attention_grad_hlo(attention_impl: str, devices, tokens: int = 197, dtype=j
     """The compiled HLO of ∂/∂params Σ Attention(x) for ``devices`` (a data-parallel batch), traced the way the
     train loop traces its steps: inside ``activation_sharding`` on the target's mesh."""
     from layerscale_jax.layers.attention import Attention
-    from layerscale_jax.train.sharding import DEFAULT_RULES, with_activation_sharding
+    from layerscale_jax.train.config import DEFAULT_RULES
+    from layerscale_jax.train.sharding import with_activation_sharding
     mesh = Mesh(np.array(devices).reshape(len(devices), 1, 1), ("data", "fsdp", "tensor"))
     layer = nnx.eval_shape(lambda: Attention(768, 12, attention_impl=attention_impl, dtype=dtype, rngs=nnx.Rngs(0)))
     graphdef, params = nnx.split(layer)

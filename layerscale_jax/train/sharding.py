@@ -29,7 +29,7 @@ from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.params import is_variable, logical_axes, map_variables
 from layerscale_jax.layers.partitioning import activation_sharding, logical_to_spec
 # The mesh's axes and the default rules are fields of config.train, checked there (no jax).
-from layerscale_jax.train.config import DCN_AXES, DEFAULT_RULES, MESH_AXES, MeshSettings  # noqa: F401 - re-exported
+from layerscale_jax.train.config import DCN_AXES, MESH_AXES, MeshSettings
 
 
 def granules(devices: Sequence[Any]) -> tuple[str, list[list[Any]]]:
