@@ -190,9 +190,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     try:
         which_shard = sweep.parse_shard(args.shard) if args.shard else None
-        for field in ("depths", "seeds"):
+        for field in ("depths", "measure", "seeds"):
             values = getattr(args, field)
-            if values is not None and any(v < 1 if field == "depths" else v < 0 for v in values):
+            if values is not None and any(v < 0 if field == "seeds" else v < 1 for v in values):
                 raise ValueError(f"--{field}={values}: depths must be ≥ 1 and seeds ≥ 0")
         for field in ("steps", "budget_eval_every"):
             value = getattr(args, field)
@@ -294,4 +294,5 @@ def _early(args, which_shard, command) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from layerscale_jax.cli import run_cli
+    sys.exit(run_cli(main))          # a mistake in the arguments, the dataset or a file: one error line, status 2

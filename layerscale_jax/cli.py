@@ -179,8 +179,9 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
             status = main(argv)
         return 0 if status is None else int(status)
     except SystemExit as exit_:
-        if isinstance(exit_.code, str):
-            print("error: " + one_line(exit_.code), file=sys.stderr, flush=True)
+        if isinstance(exit_.code, str):            # SystemExit("...") or SystemExit("error: ...")
+            message = exit_.code[len("error: "):] if exit_.code.startswith("error: ") else exit_.code
+            print("error: " + one_line(message), file=sys.stderr, flush=True)
             return EXIT_USER_ERROR
         raise
     except Exception as err:  # noqa: BLE001 - classified below; everything that is not a user error re-raises

@@ -38,13 +38,18 @@ def write_text_atomically(path: epath.Path, text: str) -> None:
     tmp.replace(path)
 
 
-def read_json(path: epath.Path, remedy: str):
-    """The JSON value in the file ``path``. A damaged file (torn, edited, overwritten) is a ``UserError`` naming the
-    file, the damage and ``remedy`` (what to do), not a bare "Expecting property name ..." on every rerun."""
+def read_json(path: epath.Path, remedy: str) -> dict:
+    """The JSON object in the file ``path``. A damaged file (torn, edited, overwritten, another JSON value than an
+    object) is a ``UserError`` naming the file, the damage and ``remedy`` (what to do), not a bare "Expecting
+    property name ..." on every rerun."""
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         problem = err
+    else:
+        if isinstance(value, dict):
+            return value
+        problem = f"not a JSON object: {json.dumps(value)[:40]}"
     raise UserError(f"{path} is damaged ({problem}); {remedy}")
 
 

@@ -183,3 +183,58 @@ def test_init_from_reads_weights_and_training_workdirs_on_gs(tmp_path):
     assert from_gs.keys() == from_disk.keys()
     for key in from_disk:
         np.testing.assert_array_equal(from_gs[key], from_disk[key])
+
+
+def test_a_batch_the_host_cannot_hold_is_one_line_naming_the_batch_size():
+    """``--config.train.batch_size=1099511627776`` was a 35-line ``_ArrayMemoryError`` from numpy."""
+    from layerscale_jax.train import sharding as shard_lib
+    from layerscale_jax.train.feed import Batches
+    config = experiment()
+    train = dataclasses.replace(config.train, batch_size=2 ** 40)
+    with pytest.raises(UserError, match=r"^train.batch_size=1099511627776: this host's memory cannot hold the batch "
+                                        r"\(Unable to allocate .*\); lower train.batch_size$"):
+        Batches(config.data, train, shard_lib.make_mesh(config.train.mesh, jax_devices()[:1]))
+
+
+def jax_devices():
+    import jax
+    return jax.devices()
+
+
+def test_a_results_file_that_is_not_an_object_is_named_with_what_to_do(tmp_path):
+    """``results.json`` = ``[1,2]`` was a 25-line ``AttributeError``."""
+    from etils import epath
+    from layerscale_jax.paths import read_json
+    (tmp_path / "results.json").write_text("[1,2]")
+    with pytest.raises(UserError, match=r"results.json is damaged \(not a JSON object: \[1, 2\]\); delete it"):
+        read_json(epath.Path(tmp_path) / "results.json", "delete it and rerun")
+
+
+def test_a_metrics_log_of_random_bytes_is_one_error_naming_the_file(tmp_path):
+    """``metrics.jsonl`` of random bytes was a 31-line ``UnicodeDecodeError`` at the resume (and in load_run)."""
+    from etils import epath
+    from layerscale_jax.train import workdir as workdir_lib
+    path = epath.Path(tmp_path) / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1}\n\x8f\xfe\x00\xc3random')
+    for read in (lambda: workdir_lib.truncate_metrics(path, 4), lambda: workdir_lib.metrics_lines(path),
+                 lambda: workdir_lib.earlier_run(epath.Path(tmp_path), epath.Path(tmp_path) / "checkpoints")):
+        with pytest.raises(workdir_lib.WorkdirError, match=f"^{path} is not a metrics log \\(byte 12 is not UTF-8 "
+                                                           "text\\); move it aside or delete it"):
+            read()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv, message", [
+    (["--measure", "0"], "--measure=[0]: depths must be ≥ 1 and seeds ≥ 0"),
+    (["--protocol", "early", "--quick", "--dataset", "nonexistent_ds"],
+     "data.name='nonexistent_ds' is neither 'digits', 'synthetic' nor a TFDS dataset name"),
+], ids=["measure_0", "unknown_dataset"])
+def test_the_depth_ablations_mistakes_are_one_line_and_status_2(argv, message, tmp_path, capsys):
+    """``experiments/depth_ablation.py --measure 0`` and ``--dataset nonexistent_ds`` were 35-37-line tracebacks,
+    and its own errors exited with status 1 (the package's commands: 2)."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "depth_ablation.py"), *argv, "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"error: {message}"], done.stderr[-2000:]

@@ -96,7 +96,7 @@ def test_a_gs_workdir_survives_kill_and_resume_with_every_file_in_the_bucket(six
     for step in (4, 6):
         assert (run / "checkpoints" / str(step) / "commit_success.txt").exists()     # orbax's GCS commit
         assert {f.name for f in (run / "checkpoints" / "meta" / str(step)).iterdir()} == {
-            "checksums.json", "data_process_0.json", "window.json"}
+            "checksums.json", "data_process_0.json", "log.json", "window.json"}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     logged = set()
     for events in (run / "tensorboard").glob("events*"):

@@ -873,3 +873,15 @@ def test_a_gs_workdir_that_cannot_be_reached_is_one_clear_error(tmp_path, monkey
                                                        r"\(FailedPreconditionError: .*Could not resolve hostname.*\); "
                                                        r"check the network and the credentials"):
         loop_lib.train_and_evaluate(config(), "gs://bucket/run")
+
+
+def test_the_temporary_directory_of_a_cut_off_save_is_removed_when_the_next_run_starts(tmp_path):
+    """Two Ctrl-Cs 0.2 s apart cut a save off: ``checkpoints/121.orbax-checkpoint-tmp`` survived the successful
+    rerun. Orbax's own cleanup of unfinished saves runs as the ``Checkpointer`` starts."""
+    left = tmp_path / "checkpoints" / "121.orbax-checkpoint-tmp-1765000000" / "state"
+    left.mkdir(parents=True)
+    (left / "_METADATA").write_text("{")
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2)
+    checkpointer.wait()
+    assert os.listdir(tmp_path / "checkpoints") == []
+    checkpointer.close()

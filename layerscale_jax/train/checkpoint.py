@@ -197,8 +197,12 @@ class Checkpointer:
         async_options = ocp.AsyncOptions(
             post_finalization_callback=lambda: self._finalized(),
             barrier_sync_fn=self._digest_then_barrier if jax.process_count() > 1 else None)
+        # cleanup_tmp_directories: a save cut off (two Ctrl-Cs, a kill) leaves <step>.orbax-checkpoint-tmp*,
+        # which orbax removes as the next run starts (it survived a successful rerun). Not on gs://: there orbax
+        # writes a step in place and takes every directory without its commit file for one (meta/, quarantine/).
         options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=True,
-                                               enable_async_checkpointing=True, async_options=async_options)
+                                               enable_async_checkpointing=True, async_options=async_options,
+                                               cleanup_tmp_directories=not is_url(self.directory))
         if jax.process_index() == 0:
             for source, target in finish_moves(self.directory / QUARANTINE_JOURNAL)[:1]:
                 log.warning("moving %s to %s (a quarantine) was interrupted; finished now", source, target)

@@ -23,16 +23,20 @@ class Batches:
         """``data``: the data section (``DataSettings``), ``train``: the train section (its batch size and seed),
         ``mesh``: the device mesh the global batches are laid out on."""
         self.mesh, self.size = mesh, train.batch_size
-        self.iterator = data_lib.make_train_iterator(data, global_batch_size=train.batch_size, seed=train.seed,
-                                                     rows=process_batch_rows(mesh, train.batch_size))
-        if data_state is not None:
-            self.iterator.set_state(data_state)
-        plan = read_plan(mesh.devices, mesh.axis_names, train.batch_size)
-        replicated = data.skip_bad_records and len({repr(rows) for rows in plan.values()}) < len(plan)
-        self.plan = plan if replicated else None
-        self.waited = 0.0                         # seconds spent waiting for batches since the last take_wait
-        self.waited_total = 0.0                   # ... since the start (the goodput account's input_wait)
-        self.first = self._fetch()
+        try:
+            self.iterator = data_lib.make_train_iterator(data, global_batch_size=train.batch_size, seed=train.seed,
+                                                         rows=process_batch_rows(mesh, train.batch_size))
+            if data_state is not None:
+                self.iterator.set_state(data_state)
+            plan = read_plan(mesh.devices, mesh.axis_names, train.batch_size)
+            replicated = data.skip_bad_records and len({repr(rows) for rows in plan.values()}) < len(plan)
+            self.plan = plan if replicated else None
+            self.waited = 0.0                     # seconds spent waiting for batches since the last take_wait
+            self.waited_total = 0.0               # ... since the start (the goodput account's input_wait)
+            self.first = self._fetch()
+        except MemoryError as err:                # numpy's "Unable to allocate 8.00 TiB ..." (a 35-line traceback)
+            raise UserError(f"train.batch_size={train.batch_size}: this host's memory cannot hold the batch ({err}); "
+                            "lower train.batch_size") from None
 
     def _fetch(self) -> dict:
         waited_from = time.perf_counter()     # the step is dispatched asynchronously: time spent here is time the

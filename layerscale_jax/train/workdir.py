@@ -125,10 +125,22 @@ def metrics_lines(path: epath.Path, text: str | None = None) -> list[tuple[str, 
     written): such a line is dropped with one warning. A damaged line anywhere else is an error naming the file and
     the line.
     """
-    records, torn = _parse_metrics(path, path.read_text() if text is None else text)
+    records, torn = _parse_metrics(path, read_log(path) if text is None else text)
     if torn:
         log.warning("%s", torn)
     return records
+
+
+def read_log(path: epath.Path) -> str:
+    """The text of the metrics log ``path`` ('' when there is none); ``WorkdirError`` naming the file when it is not
+    text (overwritten with random bytes: a 31-line ``UnicodeDecodeError``)."""
+    if not path.exists():
+        return ""
+    try:
+        return path.read_text()
+    except UnicodeDecodeError as err:
+        raise WorkdirError(f"{path} is not a metrics log (byte {err.start} is not UTF-8 text); move it aside or delete "
+                           "it: a resume rebuilds the records its checkpoint holds and names the ones lost") from None
 
 
 def _parse_metrics(path: epath.Path, text: str) -> tuple[list[tuple[str, dict]], str | None]:
@@ -165,7 +177,7 @@ def truncate_metrics(path: epath.Path, last_step: int, saved: epath.Path | None 
         kept_at_save = json.loads(saved.read_text()) if saved is not None and saved.exists() else None
     except ValueError:
         kept_at_save = None                           # a damaged log.json: the log is taken as it is
-    text = path.read_text() if path.exists() else ""
+    text = read_log(path)
     records, torn = _parse_metrics(path, text)
     kept = [line for line, record in records if record["step"] <= last_step]
     lost = kept_at_save.get("lost", 0) if kept_at_save else 0
@@ -217,7 +229,7 @@ def earlier_run(workdir: epath.Path, checkpoints: epath.Path) -> list[str]:
     checkpoints (a run starting from step 0 would mix its logs with them)."""
     found = []
     metrics = workdir / "metrics.jsonl"
-    text = metrics.read_text() if metrics.exists() else ""
+    text = read_log(metrics)
     if text.strip():
         found.append(f"{metrics.name} with {len(text.splitlines())} line(s)")
     if (workdir / "results.json").exists():
