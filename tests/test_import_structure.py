@@ -4,6 +4,7 @@ compile planner ``plan/`` only from its command. Read statically from the
 source (``ast``), so a lazy import that would close a cycle is caught without running it. And no file of the code is
 named like a standard-library module, which it would hide from whatever runs as a script beside it."""
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
     return {m for m in out if m in known and not (me == m or me.startswith(m + "."))}
 
 
+@functools.cache                                    # the package is read once per test session
 def import_graph() -> dict[str, set[str]]:
     modules = package_modules()
     return {name: imported_modules(path, set(modules)) for name, path in modules.items()}
