@@ -69,7 +69,7 @@ def main(argv=None) -> dict:
             Checkpointer._seal_in_flight = sealed if seal else (lambda self: None)
             try:
                 start = time.perf_counter()
-                checkpointer.save(step, state, {"next_batch": step, "offset": 0}, {}, force=True)
+                checkpointer.save(step, state, {"next_batch": step, "offset": 0}, {})
                 checkpointer.wait()
                 return time.perf_counter() - start
             finally:

@@ -153,7 +153,8 @@ def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *,
     ``restart=True`` starts over in a workdir that holds an earlier run without a usable checkpoint (the CLI's
     ``--restart``: its files move to ``WORKDIR/previous/<time>/``).
 
-    Progress is one updating line. Ctrl-C (or SIGTERM) stops at the next step boundary, saves a checkpoint (when
+    It prints what the command line prints (docs/python_api.md): the model and its parameter groups, the progress
+    (one line updated in place in a terminal or notebook), the results and where they are. Ctrl-C (or SIGTERM) stops at the next step boundary, saves a checkpoint (when
     there is new state) and raises ``TrainingInterrupted`` naming the workdir; a second Ctrl-C stops at once. A
     config stopped by ``train.stop_after_steps`` returns the unfinished ``Run`` (``run.finished`` is False). Errors
     in the config or workdir raise the CLI's one-line messages (``ValueError``, ``UserError``,

@@ -54,3 +54,17 @@ def test_each_process_hashes_the_files_it_wrote_and_the_seal_covers_the_whole_st
 
     (step_dir / sorted(by_process_1)[-1]).write_bytes(b"damaged")      # one of process 1's files
     assert "1 changed" in Checkpointer(os.fspath(workdir / "checkpoints"), keep=2)._verify(2)
+
+
+@pytest.mark.slow
+def test_the_seal_benchmark_of_storage_md_runs(tmp_path):
+    """docs/storage.md's ``python benchmarks/bench_seal.py --rounds 5`` ended in ``TypeError: Checkpointer.save()
+    got an unexpected keyword argument 'force'``: the same script, at depth 1 and one round."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "bench_seal.py")
+    spec = importlib.util.spec_from_file_location("bench_seal", path)
+    bench_seal = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_seal)
+    result = bench_seal.main(["--depth", "1", "--rounds", "1", "--json", str(tmp_path / "seal.json")])
+    assert len(result["save_s"]["with_seal"]) == len(result["save_s"]["without_seal"]) == 1
+    assert json.loads((tmp_path / "seal.json").read_text())["added_per_save_s"] == result["added_per_save_s"]

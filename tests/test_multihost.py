@@ -152,11 +152,14 @@ def test_sigterm_to_one_process_stops_both_at_one_step_then_one_process_resumes(
 def test_a_failing_process_ends_the_job(tmp_path):
     """Process 1 cannot write its data state at the first checkpoint (a directory stands in the file's place); it
     reports that and exits at once, and process 0 stops as well: its next collective fails because process 1 has
-    closed its connection, instead of waiting in the collective until a timeout."""
+    closed its connection, instead of waiting in the collective until a timeout. What process 0's error says is
+    gloo's wording ("Connection closed by peer", "reset by peer" under load), so only what it does is asserted: it
+    ends, unsuccessfully, without finishing the run or committing step 4."""
     workdir = tmp_path / "fail"
     (workdir / "checkpoints" / "meta" / "4" / "data_process_1.json").mkdir(parents=True)
     procs = launch(str(workdir), *flags({"data": 2, "fsdp": 2}))
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode != 0 for p in procs] == [True, True], "\n\n".join(outputs)
     assert "error: saving the checkpoint of step 4" in outputs[1] and "data_process_1.json" in outputs[1]
-    assert "error: saving the checkpoint of step 4" in outputs[0] and "Connection closed by peer" in outputs[0]
+    assert "test accuracy" not in outputs[0] and not (workdir / "results.json").exists(), outputs[0]
+    assert not (workdir / "checkpoints" / "4").exists(), outputs[0]
