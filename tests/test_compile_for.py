@@ -308,3 +308,25 @@ def test_the_docs_recipe_table_is_the_one_the_committed_compiles_give():
         assert results[-1] in text and record["cpu"] in text, page
     oversize = next(r for r in record["rows"] if r["id"] == recipes.OVERSIZE.id)
     assert not oversize["fits"] and "does not fit v5e-16" in oversize["error"]
+
+
+def test_fit_tries_more_fsdp_only_where_it_is_another_mesh_on_the_target():
+    """``data=-1`` on one chip is the ``fsdp=-1`` mesh already: --fit compiled that mesh a second time (half of a
+    460 s search)."""
+    from layerscale_jax.plan import compile_for as module
+    config = tiny_config()                                           # mesh data=-1
+    assert module._layouts(config, "v5e-1") == []
+    assert module._layouts(config, "v5e-4") == [{"train.mesh.data": 1, "train.mesh.fsdp": -1}]
+
+
+def test_compile_for_says_it_is_compiling_before_the_compile(monkeypatch, capsys):
+    """A 244 s compile printed nothing until the report."""
+    from layerscale_jax.plan import compile_for as module
+    from layerscale_jax.runtime import stop_signals
+    from layerscale_jax.train.__main__ import main
+    for name in ("phase", "_stop_line", "_deadline", "joins_job"):       # main sets them: restored after the test
+        monkeypatch.setattr(stop_signals, name, getattr(stop_signals, name))
+    monkeypatch.setattr(module, "compile_command", lambda *args, **kwargs: 0)
+    assert main(["--config", TINY, "--compile_for", "v5e-4"]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "compiling deit3_small_patch16_224 for v5e-4 (minutes for a large model; Ctrl-C stops it at once) ...")

@@ -177,7 +177,8 @@ def test_a_run_too_big_for_the_gpus_is_one_error_line_with_the_numbers():
          "--config.data.mixup_alpha=0", "--config.data.cutmix_alpha=0"],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     assert result.returncode == 2, result.stderr[-2000:]
-    (line,) = result.stderr.strip().splitlines()
+    started, line = result.stderr.strip().splitlines()           # the line saying it compiles, then the error
+    assert started.startswith("compiling deit3_small_patch16_224 for 8xh100 (")
     assert line.startswith("error: deit3_small_patch16_224 (global batch 212992) does not fit 8xh100: it needs ")
     assert "but a NVIDIA H100 SXM chip has 59.33 GiB (JAX's 0.75 of the 79.11 GiB a GPU has" in line
     needed = float(line.split("it needs ")[1].split(" GiB")[0])

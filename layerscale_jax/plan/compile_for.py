@@ -345,9 +345,10 @@ def _batch_devices(config, target) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
-def _layouts(config) -> list[dict]:
+def _layouts(config, target: str) -> list[dict]:
     """More FSDP: the data axis folded into fsdp within a slice, then across slices; each only where it changes
-    the mesh."""
+    the mesh on ``target``'s chips (``data=-1`` that comes to 1 there is the ``fsdp=-1`` mesh already: compiling it
+    again took half of a --fit search)."""
     mesh = config.train.mesh
     found = []
     if mesh.get("data", 1) != 1:
@@ -355,7 +356,25 @@ def _layouts(config) -> list[dict]:
     if mesh.get("dcn_data", 1) > 1:
         found.append({**(found[-1] if found else {}), "train.mesh.dcn_fsdp": mesh.get("dcn_data") *
                       mesh.get("dcn_fsdp", 1), "train.mesh.dcn_data": 1})
-    return found
+    seen = {_mesh_sizes(config, target)}
+    distinct = []
+    for layout in found:
+        sizes = _mesh_sizes(_with(config, layout), target)
+        if sizes not in seen:
+            seen.add(sizes)
+            distinct.append(layout)
+    return distinct
+
+
+def _mesh_sizes(config, target: str) -> tuple:
+    """The mesh's axis sizes within a granule (slice or host) and across granules on ``target``'s chips, its -1
+    filled in (as ``train.sharding.mesh_devices`` does, without the devices)."""
+    mesh = config.train.mesh
+    dcn = tuple(mesh.get(f"dcn_{axis}", 1) for axis in ("data", "fsdp", "tensor"))
+    ici = [mesh.get(axis, 1) for axis in ("data", "fsdp", "tensor")]
+    per_granule = targets_lib.parse_target(target).num_chips // math.prod(dcn)
+    known = math.prod(v for v in ici if v != -1)
+    return tuple(per_granule // known if v == -1 else v for v in ici), dcn
 
 
 @dataclasses.dataclass
@@ -418,7 +437,7 @@ def fit_search(config, target: str, log=print) -> FitResult:
     scanned = bool(config.model.get("scan_layers", False))
     remats = [r for r in REMAT_ORDER if r != config.model.get("remat", "none")]
     fitting: list[tuple[dict, CompileReport]] = []
-    for layout in [{}] + _layouts(config):
+    for layout in [{}] + _layouts(config, target):
         for remat in [None] + remats:
             at_recipe_batch = False
             for scan in (scanned, not scanned):

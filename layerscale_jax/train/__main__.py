@@ -226,6 +226,9 @@ def main(argv: list[str]) -> int:
     absl_logging.set_verbosity(absl_logging.WARNING)
     if parsed.compile_for:
         from layerscale_jax.plan.compile_for import compile_command
+        # A large model's compile takes minutes with nothing else printed before the report: say it started.
+        print(f"compiling {experiment.config.model.name} for {parsed.compile_for} (minutes for a large model; Ctrl-C "
+              "stops it at once) ...", file=sys.stderr, flush=True)
         return compile_command(experiment, parsed.compile_for, fit=parsed.fit, as_json=parsed.json)
     from layerscale_jax.train.loop import train_and_evaluate
 
