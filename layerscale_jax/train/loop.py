@@ -293,7 +293,8 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary, go
 
     evaluation = Evaluation(experiment.data, tc, trainer.mesh, trainer.eval_step, trainer.task, end=tc.steps,
                             diagnostics=trainer.diagnostics,
-                            after=functools.partial(trainer.task.after_evaluation, trainer, workdir=workdir))
+                            after=functools.partial(trainer.task.after_evaluation, trainer, workdir=workdir,
+                                                    data=experiment.data))
     writer = MetricsWriter(workdir, tc.steps, shown=console_keys(trainer.task), records=start.records,
                            lost=start.lost)
     guard = NonFiniteGuard(tc.nonfinite, checkpointer)

@@ -97,7 +97,7 @@ class ClassificationTask(_Task):
         loss = optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1]))
         return {"accuracy": (jnp.argmax(logits, -1) == labels).astype(jnp.float32), "loss": loss}
 
-    def after_evaluation(self, trainer, params, step: int, workdir) -> None:
+    def after_evaluation(self, trainer, params, step: int, workdir, data) -> None:
         return None
 
 
@@ -118,10 +118,10 @@ class MAETask(_Task):
         """Per example: the masked-patch reconstruction loss, masks drawn from ``EVAL_MASK_SEED``."""
         return {"loss": model.loss(batch["image"], jax.random.key(EVAL_MASK_SEED))}
 
-    def after_evaluation(self, trainer, params, step: int, workdir) -> None:
+    def after_evaluation(self, trainer, params, step: int, workdir, data) -> None:
         """``WORKDIR/reconstructions.png`` (and ``reconstructions/step_<step>.png``): rows original, masked input,
-        reconstruction, reconstruction with the visible patches pasted, for the first test images."""
-        images = reconstruction_images(trainer, params)
+        reconstruction, reconstruction with the visible patches pasted, for the first test images of ``data``."""
+        images = reconstruction_images(trainer, params, data)
         if jax.process_index() == 0:
             png = reconstruction_png(images, trainer.info.mean, trainer.info.std)
             (workdir / "reconstructions").mkdir(parents=True, exist_ok=True)
@@ -136,16 +136,17 @@ def for_model(model: nnx.Module, eval_split: str = "test"):
     return (MAETask if isinstance(model, MaskedAutoencoder) else ClassificationTask)(eval_split)
 
 
-def reconstruction_images(trainer, params) -> np.ndarray:
+def reconstruction_images(trainer, params, data) -> np.ndarray:
     """``(4, n, H, W, C)`` host array: originals, masked inputs, reconstructions, pasted, for the first ``n`` test
-    images. The global batch is reduced inside ``jit`` to a replicated result, so every process may read it."""
+    images of ``data`` (the data section). The global batch is reduced inside ``jit`` to a replicated result, so
+    every process may read it."""
     from layerscale_jax import data as data_lib
     from layerscale_jax.data.sharding import process_batch_rows
     from layerscale_jax.train import sharding as shard_lib
 
     train, mesh = trainer.train, trainer.mesh
     size = train.eval_batch_size
-    iterator = data_lib.make_eval_iterator(trainer.data, global_batch_size=size, rows=process_batch_rows(mesh, size))
+    iterator = data_lib.make_eval_iterator(data, global_batch_size=size, rows=process_batch_rows(mesh, size))
     try:
         batch = data_lib.to_global_batch(next(iter(iterator)), mesh, size)
     finally:
