@@ -210,8 +210,9 @@ def test_a_non_finite_update_never_reaches_the_parameters():
     from layerscale_jax.train.step import init_train_state, make_train_step
     from flax import nnx
     from layerscale_jax.models import create_model
+    from layerscale_jax.train.config import model_overrides
     cfg = tiny_config()
-    model = create_model(cfg.model.name, rngs=nnx.Rngs(0), **loop_lib.model_overrides(cfg.model))
+    model = create_model(cfg.model.name, rngs=nnx.Rngs(0), **model_overrides(cfg.model))
     graphdef, params = nnx.split(model, nnx.Param)
     tx = optax.sgd(float("nan"))                        # finite loss and gradients, a NaN update
     state = init_train_state(params, tx, 0, use_ema=False)

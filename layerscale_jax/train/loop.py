@@ -43,7 +43,6 @@ from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary
 from layerscale_jax.train.compile_cache import use_compilation_cache
 from layerscale_jax.optim.config import OptimSettings
 from layerscale_jax.train.config import Experiment, TrainSettings, as_experiment
-from layerscale_jax.train.config import model_overrides  # noqa: F401 - re-exported (tests, scripts)
 from layerscale_jax.train.diagnostics import make_diagnostics_fn
 from layerscale_jax.train.evaluation import Evaluation
 from layerscale_jax.train.feed import Batches
