@@ -42,6 +42,7 @@ def main(argv=None):
     import ml_collections
 
     from layerscale_jax.data.config import default_data_config
+    from layerscale_jax.data.sharding import batch_sharding
     from layerscale_jax.optim import default_config as default_optim_config
     from layerscale_jax.train import loop as loop_lib
     from layerscale_jax.plan import hlo as hlo_lib
@@ -64,7 +65,7 @@ def main(argv=None):
         config.train.mesh = {"data": data, "fsdp": fsdp, "tensor": tensor}
         mesh = shard_lib.make_mesh(config.train.mesh)
         trainer = loop_lib.create_trainer(config, mesh)
-        sharding = shard_lib.batch_sharding(mesh)
+        sharding = batch_sharding(mesh)
         size = config.model.img_size
         batch = {"image": jax.ShapeDtypeStruct((args.batch, size, size, 3), jnp.float32, sharding=sharding),
                  "label": jax.ShapeDtypeStruct((args.batch,), jnp.int32, sharding=sharding)}

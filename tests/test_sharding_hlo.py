@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from layerscale_jax.data.sharding import batch_sharding
 from layerscale_jax.train import loop as loop_lib
 from layerscale_jax.plan import hlo as hlo_lib
 from layerscale_jax.train import sharding as shard_lib
@@ -28,7 +29,7 @@ def trainer_for(mesh_shape, heads=HEADS, dim=DIM, **model):
 
 
 def batch_spec(mesh, eval_=False):
-    sharding = shard_lib.batch_sharding(mesh)
+    sharding = batch_sharding(mesh)
     spec = {"image": jax.ShapeDtypeStruct((BATCH, IMG, IMG, 3), jnp.float32, sharding=sharding),
             "label": jax.ShapeDtypeStruct((BATCH,), jnp.int32, sharding=sharding)}
     if eval_:

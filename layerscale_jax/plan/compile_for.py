@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from layerscale_jax.data.sharding import batch_sharding
 from layerscale_jax.errors import UserError
 from layerscale_jax.plan import hlo as hlo_lib
 from layerscale_jax.plan import step_time as step_time_lib
@@ -190,7 +191,7 @@ def declared_dataset_info(experiment):
 
 def batch_specs(experiment, mesh, size: int, with_mask: bool) -> dict:
     """Abstract global batches as the loop feeds them: float32 images, int32 labels (and the eval mask)."""
-    sharding = shard_lib.batch_sharding(mesh)
+    sharding = batch_sharding(mesh)
     arch = experiment.model
     shape = (size,) + (experiment.data.image_size,) * getattr(arch, "patch_dims", 2) + (arch.in_chans,)
     spec = {"image": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding),

@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from layerscale_jax import data as data_lib
+from layerscale_jax.data.sharding import batch_sharding
 from layerscale_jax import network, optim
 from layerscale_jax.arch import ArchConfig, MAEConfig
 from layerscale_jax.errors import ConfigError, UserError
@@ -162,20 +163,20 @@ def create_trainer(config: Experiment | Any, mesh, info=None) -> Trainer:
     shardings = state_shardings(abstract_state, param_sharding, mesh, tc.sharding_rules)
     abstract_sharded = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                     abstract_state, shardings)
-    batch_sharding = {"image": shard_lib.batch_sharding(mesh), "label": shard_lib.batch_sharding(mesh)}
+    batch_shardings = {"image": batch_sharding(mesh), "label": batch_sharding(mesh)}
     train_step = jax.jit(
         shard_lib.with_activation_sharding(
             make_train_step(graphdef_train, bundle.tx, bundle.schedule, optim_config=optim_settings,
                             data_config=experiment.data, num_classes=info.num_classes,
                             trainable_mask=bundle.trainable_mask, task=task), mesh, tc.sharding_rules),
-        in_shardings=(shardings, batch_sharding), out_shardings=(shardings, shard_lib.replicated(mesh)),
+        in_shardings=(shardings, batch_shardings), out_shardings=(shardings, shard_lib.replicated(mesh)),
         donate_argnums=(0,))
-    eval_batch_sharding = dict(batch_sharding, mask=shard_lib.batch_sharding(mesh))
+    eval_batch_sharding = dict(batch_shardings, mask=batch_sharding(mesh))
     eval_step = jax.jit(shard_lib.with_activation_sharding(make_eval_step(graphdef_eval, task), mesh,
                                                            tc.sharding_rules),
                         in_shardings=(param_sharding, eval_batch_sharding),
                         out_shardings=shard_lib.replicated(mesh))
-    diagnostics = (make_diagnostics_fn(graphdef_train, mesh, param_sharding, batch_sharding, tc.sharding_rules)
+    diagnostics = (make_diagnostics_fn(graphdef_train, mesh, param_sharding, batch_shardings, tc.sharding_rules)
                    if task.uses_labels else None)
     return Trainer(experiment.train, experiment.model, mesh, info, make_model, abstract_model, graphdef_train,
                    graphdef_eval, task, bundle, optim_settings, param_sharding, shardings, abstract_sharded, init_fn,

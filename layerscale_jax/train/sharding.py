@@ -24,7 +24,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from layerscale_jax.data.sharding import BATCH_AXES, batch_sharding  # noqa: F401  (batch_sharding: re-exported)
+from layerscale_jax.data.sharding import BATCH_AXES
 from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.params import is_variable, logical_axes, map_variables
 from layerscale_jax.layers.partitioning import activation_sharding, logical_to_spec
