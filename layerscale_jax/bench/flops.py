@@ -21,8 +21,7 @@ from __future__ import annotations
 def train_step_flops(cfg, batch: int, class_token: bool = True) -> int:
     """Model FLOPs of one training step on ``batch`` images; ``class_token=False``: a ViT whose blocks see the
     patch tokens only (big_vision's ``pool_type="gap"``, the ``--vs-peer`` model)."""
-    from layerscale_jax.models.cait import CaiTConfig
-    from layerscale_jax.models.mae import MAEConfig, num_kept
+    from layerscale_jax.arch import CaiTConfig, MAEConfig, num_kept
 
     d, n = cfg.embed_dim, cfg.num_patches
     stem = 2 * n * cfg.patch_size ** 2 * cfg.in_chans * d

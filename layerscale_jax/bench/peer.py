@@ -63,7 +63,7 @@ class BigVisionViT(nn.Module):
 
 def check(cfg, model: str) -> None:
     """The peer is a plain ViT: refuse any other family (CaiT) before anything is compiled."""
-    from layerscale_jax.models.vit import ViTConfig
+    from layerscale_jax.arch import ViTConfig
     if type(cfg) is not ViTConfig:
         raise ConfigError(f"--vs-peer: model {model!r} is a {type(cfg).__name__[:-6]}, and the peer ({LABEL}) is a "
                           "plain ViT; use --vs-peer with a ViT model such as deit3_small_patch16_224")

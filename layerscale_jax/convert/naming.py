@@ -22,8 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from layerscale_jax.models.cait import CaiTConfig
-from layerscale_jax.models.vit import ViTConfig
+from layerscale_jax.arch import CaiTConfig, ViTConfig
 
 # LayerNorm modules: their ``weight`` is our ``scale`` (no transpose).
 NORM_MODULES = ("norm", "norm1", "norm2", "fc_norm")

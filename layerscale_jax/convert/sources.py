@@ -12,11 +12,10 @@ import jax
 import numpy as np
 from etils import epath
 
+from layerscale_jax.arch import MAEConfig, model_config
 from layerscale_jax.convert.flat import flatten, unstack_blocks
 from layerscale_jax.convert.naming import timm_to_ours
 from layerscale_jax.errors import InputFileError
-from layerscale_jax.models.mae import MAEConfig
-from layerscale_jax.models.registry import model_config
 from layerscale_jax.paths import is_url, read_json
 
 log = logging.getLogger(__name__)

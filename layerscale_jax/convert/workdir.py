@@ -10,12 +10,11 @@ import jax
 import numpy as np
 from etils import epath
 
+from layerscale_jax.arch import MAEConfig, model_config
 from layerscale_jax.checksums import corruption
 from layerscale_jax.convert.flat import flatten, unstack_blocks
 from layerscale_jax.convert.sources import MODEL_JSON, Source, encoder_of, host_device
 from layerscale_jax.errors import ConfigError, InputFileError
-from layerscale_jax.models.mae import MAEConfig
-from layerscale_jax.models.registry import model_config
 from layerscale_jax.paths import is_url
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from layerscale_jax.arch import CaiTConfig  # noqa: F401 - the family's config, re-exported
+from layerscale_jax.arch import CaiTConfig
 from layerscale_jax.layers.blocks import Block, ClassAttentionBlock
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm, trunc_normal_02
 from layerscale_jax.layers.drop_path import drop_path_rates

@@ -32,11 +32,9 @@ import jax
 import numpy as np
 from flax import nnx
 
+from layerscale_jax.arch import CaiTConfig, MAEConfig, ViTConfig
 from layerscale_jax.errors import ConfigError
-from layerscale_jax.models.cait import CaiTConfig
 from layerscale_jax.models.layout import STACKED_KEY
-from layerscale_jax.models.mae import MAEConfig
-from layerscale_jax.models.vit import ViTConfig
 
 CONVENTIONS = ("mae", "timm")
 STEM = ("cls_token", "pos_embed", "patch_embed")

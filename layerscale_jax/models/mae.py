@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from layerscale_jax.arch import MAEConfig, num_kept  # noqa: F401 - the family's config, re-exported
+from layerscale_jax.arch import MAEConfig, num_kept
 from layerscale_jax.errors import ConfigError
 from layerscale_jax.layers.blocks import Block
 from layerscale_jax.layers.common import PatchEmbed, dense, layer_norm
