@@ -330,3 +330,27 @@ def test_compile_for_says_it_is_compiling_before_the_compile(monkeypatch, capsys
     assert main(["--config", TINY, "--compile_for", "v5e-4"]) == 0
     assert capsys.readouterr().err.splitlines()[-1] == (
         "compiling deit3_small_patch16_224 for v5e-4 (minutes for a large model; Ctrl-C stops it at once) ...")
+
+
+def test_a_model_whose_state_and_gradients_exceed_the_chip_is_said_to_fit_nowhere():
+    """A model that fits at no per-chip batch got "about 1 images per chip would fit: --config.optim.accum_steps=64
+    keeps the global batch" (with --fit, accumulation 4 still needed 960 GiB)."""
+    from types import SimpleNamespace
+
+    import jax
+    import numpy as np
+    from layerscale_jax.plan.compile_for import does_not_fit, state_floor
+    config = tiny_config()
+    line = does_not_fit(config, parse_target("v5e-16"), 980 * GiB, 15.75 * GiB, "in all", 64, 900 * GiB,
+                        15.75 * GiB - 20 * GiB, floor=40 * GiB)
+    assert line.endswith("the train state and its gradients alone take 40.00 GiB per chip, so no per-chip batch, "
+                         "accumulation or remat fits: shard them over more chips (more fsdp, a larger target) or "
+                         "train a smaller model"), line
+    assert "accum_steps" not in line and "would fit" not in line
+
+    def leaf(shape, shard):                      # a ShapeDtypeStruct's shape, dtype and per-chip shard shape
+        return SimpleNamespace(shape=shape, dtype=np.dtype(np.float32),
+                               sharding=SimpleNamespace(shard_shape=lambda _: shard))
+    state = {"params": {"w": leaf((8, 4), (2, 4))}, "opt_state": [leaf((8, 4), (2, 4))] * 2, "step": leaf((), ())}
+    assert state_floor(jax.tree.map(lambda x: x, state, is_leaf=lambda x: isinstance(x, SimpleNamespace))) == \
+        4 * (8 * 3 + 1 + 8)                      # params, two moments, the step; one gradient per parameter

@@ -218,7 +218,7 @@ class DoesNotFit(UserError):
     """The run needs more memory per chip than the target's chips have (one line with the numbers)."""
 
 
-def _out_of_memory(err: Exception, target, config, per_chip: int) -> UserError | None:
+def _out_of_memory(err: Exception, target, config, per_chip: int, floor: float = 0.0) -> UserError | None:
     """libtpu's compile-time out-of-memory as one line with the numbers, or None for another error."""
     match = _TPU_OOM.search(str(err))
     if "RESOURCE_EXHAUSTED" not in str(err) or not match:
@@ -226,17 +226,32 @@ def _out_of_memory(err: Exception, target, config, per_chip: int) -> UserError |
     needed = float(match.group(1)) * _UNITS[match.group(2)]
     available = float(match.group(3)) * _UNITS[match.group(4)]
     return DoesNotFit(does_not_fit(config, target, needed, available, "of temporaries, the compiler's count",
-                                   per_chip, needed, available))
+                                   per_chip, needed, available, floor))
+
+
+def state_floor(abstract_state: dict) -> float:
+    """Bytes per chip that no per-chip batch changes: the train state (parameters, optimizer state, EMA) as it is
+    sharded, and one gradient per parameter."""
+    def per_chip(tree) -> int:
+        return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+                   for leaf in jax.tree.leaves(tree) if getattr(leaf, "sharding", None) is not None)
+    return float(per_chip(abstract_state) + per_chip(abstract_state["params"]))
 
 
 def does_not_fit(config, target, needed: float, available: float, what: str, per_chip: int, temporaries: float,
-                 room: float) -> str:
+                 room: float, floor: float = 0.0) -> str:
     """The one line for a run that does not fit: needed vs HBM per chip, and what would fit — the per-chip
     micro-batch whose temporaries would fit in ``room`` bytes if they shrink with the batch (an estimate; ``--fit``
-    compiles to find out), as the ``optim.accum_steps`` that gives it with the global batch unchanged."""
+    compiles to find out), as the ``optim.accum_steps`` that gives it with the global batch unchanged. When what no
+    batch changes (``floor``: ``state_floor``) is more than the chip has, it says that no per-chip batch fits (it
+    suggested accum_steps=64 for a model that fits nowhere)."""
     head = (f"{config.model.name} (global batch {config.train.batch_size}, {per_chip} per chip) does not fit "
             f"{target.name}: it needs {needed / GiB:.2f} GiB per chip ({what}) but a {target.chip.name} chip has "
             f"{available / GiB:.2f} GiB{f' ({target.memory_note})' if target.memory_note else ''}; ")
+    if floor >= available:
+        return head + (f"the train state and its gradients alone take {floor / GiB:.2f} GiB per chip, so no per-chip "
+                       "batch, accumulation or remat fits: shard them over more chips (more fsdp, a larger target) "
+                       "or train a smaller model")
     accum = config.optim.accum_steps
     micro = per_chip // accum
     fitting = int(micro * max(room, 0.0) / temporaries) if temporaries > 0 else 0
@@ -286,7 +301,7 @@ def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSte
                 compiled[name] = step.lower(*args).compile()
             except Exception as err:        # noqa: BLE001 - an out-of-memory becomes one line; others propagate
                 per_chip = tc.batch_size // (mesh.shape["data"] * mesh.shape["fsdp"])
-                oom = _out_of_memory(err, parsed, experiment.config, per_chip)
+                oom = _out_of_memory(err, parsed, experiment.config, per_chip, state_floor(trainer.abstract_state))
                 if oom is None:
                     raise
                 raise oom from err
@@ -325,7 +340,8 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
         fixed = report.train_memory.total - report.train_memory.temporaries
         raise DoesNotFit(does_not_fit(steps.experiment.config, parsed, report.peak_bytes, report.hbm_per_chip,
                                       "arguments, outputs and temporaries", report.per_chip_batch,
-                                      report.train_memory.temporaries, report.hbm_per_chip - fixed))
+                                      report.train_memory.temporaries, report.hbm_per_chip - fixed,
+                                      state_floor(steps.trainer.abstract_state)))
     return report
 
 
