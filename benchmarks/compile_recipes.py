@@ -114,14 +114,16 @@ def cpu_slug() -> str:
 def markdown(rows: list[dict]) -> str:
     """The table of README.md and docs/multihost.md: per chip and train step. A row recorded before the step-time
     range (no ``dominant_term``) shows "–" where it has no figure of this code's meaning."""
-    lines = ["| recipe | target | mesh | per chip: batch, HBM used / allowed (GiB) | FLOPs / step | step time: lower–upper "
-             "bound (MFU) | dominant | collectives / step (MiB) | other layout: GiB, lower bound | compile (s) |",
+    lines = ["| recipe | target | mesh | per chip: batch, HBM used / allowed (GiB) | FLOPs / step | step time: "
+             "lower–upper bound (MFU) | dominant | collectives / step (MiB) | other layout: GiB, lower bound | "
+             "compile (s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mesh = " × ".join(str(v) for v in r["mesh"].values())
         ranged = "dominant_term" in r
         other = r.get("other_layout")
-        layout = "–" if other is None else "unrolled" if other["overrides"]["model.scan_layers"] is False else "scanned"
+        layout = "–" if other is None else ("unrolled" if other["overrides"]["model.scan_layers"] is False
+                                            else "scanned")
         step = (f"{r['step_time_lower_bound_s'] * 1e3:.1f}–{r['step_time_upper_bound_s'] * 1e3:.1f} ms "
                 f"({r['mfu_floor']:.2f}–{r['mfu_ceiling']:.2f}) | {r['dominant_term']} | "
                 f"{sum(v['bytes'] for v in r['collectives'].values()) / 2 ** 20:,.0f}") if ranged else "– | – | –"
@@ -129,7 +131,8 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| `{r['id']}` | {r['target']} | {mesh} | {r['per_chip_batch']}, "
                      f"{r['peak_bytes_per_chip'] / 2 ** 30:.2f} / {allowed} | {r['flops_per_step']:.2e} | {step} | "
                      + ("–" if other is None else f"{layout}: {other['peak_bytes_per_chip'] / 2 ** 30:.2f}"
-                        f"{'' if other['fits'] else ' (does not fit)'}, {other['step_time_lower_bound_s'] * 1e3:.1f} ms")
+                        f"{'' if other['fits'] else ' (does not fit)'}, "
+                        f"{other['step_time_lower_bound_s'] * 1e3:.1f} ms")
                      + f" | {sum(r['compile_seconds'].values()):.0f} |")
     return "\n".join(lines)
 

@@ -270,8 +270,8 @@ def test_the_does_not_fit_line_names_the_numbers_and_the_accumulation_that_would
     line = does_not_fit(config, parse_target("v5e-16"), 16.96 * GiB, 15.75 * GiB, "of temporaries", 128,
                         16.96 * GiB, 15.75 * GiB)
     assert line.startswith("deit3_base_patch16_224 (global batch 2048, 128 per chip) does not fit v5e-16: it needs "
-                           "16.96 GiB per chip (of temporaries) but a TPU v5e chip has 15.75 GiB (what libtpu allows of the "
-                           "chip's 16 GiB); about 118 images "
+                           "16.96 GiB per chip (of temporaries) but a TPU v5e chip has 15.75 GiB (what libtpu allows "
+                           "of the chip's 16 GiB); about 118 images "
                            "per chip would fit"), line                # 128 × 15.75 / 16.96
     assert "--config.optim.accum_steps=2 keeps the global batch" in line
     hopeless = does_not_fit(config, parse_target("v5e-16"), 40 * GiB, 16 * GiB, "in all", 128, 30 * GiB, -1 * GiB)

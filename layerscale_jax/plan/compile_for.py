@@ -132,7 +132,8 @@ class CompileReport:
         out.update(fits=self.fits, peak_bytes_per_chip=self.peak_bytes, headroom_bytes=self.headroom,
                    compute_bound_s=self.compute_seconds, memory_bound_s=self.memory_seconds,
                    step_time_lower_bound_s=self.bound_seconds, step_time_upper_bound_s=self.upper_seconds,
-                   dominant_term=self.step.dominant, mfu_ceiling=self.mfu_ceiling, mfu_floor=self.mfu(self.upper_seconds),
+                   dominant_term=self.step.dominant, mfu_ceiling=self.mfu_ceiling,
+                   mfu_floor=self.mfu(self.upper_seconds),
                    images_per_s_upper_bound=self.global_batch / self.bound_seconds,
                    images_per_s_lower_bound=self.global_batch / self.upper_seconds)
         return out

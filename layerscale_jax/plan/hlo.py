@@ -423,7 +423,7 @@ def replica_groups(attrs: str, num_partitions: int) -> tuple[tuple[int, ...], ..
         axes = [(name, int(size)) for name, size in re.findall(r"'([^']+)'=(\d+)", mesh.group(1))]
         over = set(re.findall(r"'([^']+)'", mesh.group(2) or "")) or {a for a, _ in axes}
         ids = np.arange(math.prod(s for _, s in axes)).reshape([s for _, s in axes] or [1])
-        moved = [i for i, (a, _) in enumerate(axes) if a not in over] + [i for i, (a, _) in enumerate(axes) if a in over]
+        moved = sorted(range(len(axes)), key=lambda i: axes[i][0] in over)      # the group's axes last
         size = math.prod(s for a, s in axes if a in over)
         return tuple(tuple(int(x) for x in g) for g in ids.transpose(moved).reshape(-1, size))
     iota = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attrs)

@@ -74,7 +74,8 @@ CHIPS = {
                "introducing-cloud-tpu-v5p-and-ai-hypercomputer"),
     "v5e": Chip("TPU v5e", "tpu", 16 * GiB, 197e12, 819e9, 1600e9 / 8, 6.4e12 / 8 / 256,
                 "https://cloud.google.com/tpu/docs/v5e"),
-    "v5p": Chip("TPU v5p", "tpu", 95 * GiB, 459e12, 2765e9, 1200e9 / 2, 50e9 / 8, "https://cloud.google.com/tpu/docs/v5p"),
+    "v5p": Chip("TPU v5p", "tpu", 95 * GiB, 459e12, 2765e9, 1200e9 / 2, 50e9 / 8,
+                "https://cloud.google.com/tpu/docs/v5p"),
     "v6e": Chip("TPU v6e", "tpu", 32 * GiB, 918e12, 1638e9, 3584e9 / 8, 25.6e12 / 8 / 256,
                 "https://cloud.google.com/tpu/docs/v6e"),
     "h100": Chip("NVIDIA H100 SXM", "cuda", 80 * GiB, 989e12, 3.35e12, 900e9 / 2, 400e9 / 8,
@@ -86,13 +87,14 @@ CHIPS = {
 }
 def chip_table() -> str:
     """``CHIPS`` as the markdown table of docs/multihost.md (link figures one direction, per chip)."""
-    lines = ["| chip | HBM per chip | dense bf16 peak | HBM bandwidth | chip-to-chip link | network per chip | source |",
+    lines = ["| chip | HBM per chip | dense bf16 peak | HBM bandwidth | chip-to-chip link | network per chip "
+             "| source |",
              "|---|---|---|---|---|---|---|"]
     for key, c in CHIPS.items():
         network = f"{c.network} {c.network_bytes_per_s / 1e9:,.2f} GB/s" if c.network_bytes_per_s else "not published"
-        lines.append(f"| {c.name} (`{key}`) | {c.hbm_bytes / GiB:.0f} GiB | {c.peak_bf16_flop_per_s / 1e12:,.0f} TFLOP/s "
-                     f"| {c.hbm_bytes_per_s / 1e9:,.0f} GB/s | {c.link} {c.link_bytes_per_s / 1e9:,.0f} GB/s | {network} "
-                     f"| {c.source} |")
+        lines.append(f"| {c.name} (`{key}`) | {c.hbm_bytes / GiB:.0f} GiB | {c.peak_bf16_flop_per_s / 1e12:,.0f} "
+                     f"TFLOP/s | {c.hbm_bytes_per_s / 1e9:,.0f} GB/s | {c.link} {c.link_bytes_per_s / 1e9:,.0f} GB/s "
+                     f"| {network} | {c.source} |")
     return "\n".join(lines)
 
 
