@@ -5,6 +5,7 @@ bytes per step, compile time; and its train step compiled again with the other l
 memory and lower bound), the choice ``--fit`` weighs.
 
     python benchmarks/compile_recipes.py [--only ID ...] [--jobs N] [--out FILE]
+    python benchmarks/compile_recipes.py --docs benchmarks/results/compile_recipes_<cpu>_<date>.json
 
 Writes ``benchmarks/results/compile_recipes_<cpu>_<date>.json`` and prints the markdown table of docs/multihost.md
 ("Will it fit?"). Compiles are CPU work, one recipe per process (``--jobs`` at a time); nothing runs on an
@@ -137,13 +138,45 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+PAGES = ("README.md", os.path.join("docs", "multihost.md"))
+
+
+def note(name: str, record: dict) -> str:
+    """The line under each table: which record, on what machine, under what load, by which command."""
+    return (f"(`benchmarks/results/{name}`: {record['cpu_threads']}-thread {record['cpu']} "
+            f"({record['cpu_family_model']}), {record['date']}, jax {record['jax']}, libtpu {record['libtpu']}, "
+            f"{record['jobs']} recipe(s) at a time, load average {record['load_average_before'][0]:.1f} before and "
+            f"{record['load_average_after'][0]:.1f} after; compile (s) is the train and eval steps together. "
+            f"Command: `python benchmarks/compile_recipes.py --jobs {record['jobs']}`.)")
+
+
+def write_docs(path: str) -> None:
+    """Replace the recipe table and the line under it in README.md and docs/multihost.md with ``path``'s."""
+    with open(path) as f:
+        record = json.load(f)
+    table = markdown([r for r in record["rows"] if r["fits"]])
+    for page in PAGES:
+        with open(os.path.join(REPO, page)) as f:
+            text = f.read()
+        text = re.sub(r"\| recipe \| target \| mesh \|[^\n]*\n(\|[^\n]*\n)+", lambda _: table + "\n", text, count=1)
+        text = re.sub(r"\(`benchmarks/results/compile_recipes_[^\n]*\n",
+                      lambda _: note(os.path.basename(path), record) + "\n", text, count=1)
+        with open(os.path.join(REPO, page), "w") as f:
+            f.write(text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", default=None, help="recipe ids (default: all)")
     parser.add_argument("--jobs", type=int, default=1, help="recipes compiled at once, each in its own process")
     parser.add_argument("--out", default="")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)   # one recipe, its row on stdout
+    parser.add_argument("--docs", default="", help="compile nothing: write this record's table into README.md and "
+                        "docs/multihost.md")
     args = parser.parse_args(argv)
+    if args.docs:
+        write_docs(args.docs)
+        return 0
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, REPO)
     import jax
