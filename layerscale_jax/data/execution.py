@@ -34,6 +34,14 @@ class Normalize:
         return {k: self._image(v) if k == "image" else np.array(v, copy=True) for k, v in batch.items()}
 
 
+class HandOver:
+    """The last stage of a batch whose images stay uint8 (``make_train_iterator(normalize=False)``): every array
+    copied, as ``Normalize`` copies them, so what grain handed over in shared memory is released now."""
+
+    def __call__(self, batch):
+        return {k: np.array(v, copy=True) for k, v in batch.items()}
+
+
 def grain_iterator(batch_fn, normalize, start, stop, num_workers, prefetch):
     """Batches `start` .. `stop` - 1 of `batch_fn`, then `normalize`d: in `prefetch` threads of this process, or
     built by `num_workers` worker processes and normalised in a prefetch thread here."""

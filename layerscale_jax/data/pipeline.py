@@ -24,7 +24,7 @@ from layerscale_jax.data import sources
 from layerscale_jax.data.batches import EvalBatch, SignalBatch, TrainBatch
 from layerscale_jax.data.config import MNIST1D, validate_data_config
 from layerscale_jax.data.dataset_info import normalization
-from layerscale_jax.data.execution import Normalize, grain_iterator, release_handed_over_batches
+from layerscale_jax.data.execution import HandOver, Normalize, grain_iterator, release_handed_over_batches
 from layerscale_jax.data.order import Geometry, Order, process_rows
 from layerscale_jax.data.records import Records, build_cache
 from layerscale_jax.errors import ConfigError
@@ -34,7 +34,8 @@ _INFINITE = 2**62  # "infinite" number of train batches.
 
 
 class TrainIterator:
-    """Infinite iterator of per-process train batches {"image": float32 [b,S,S,C], "label": int32 [b]}.
+    """Infinite iterator of per-process train batches {"image": float32 [b,S,S,C] (uint8 with
+    ``make_train_iterator(normalize=False)``), "label": int32 [b]}.
 
     `get_state()` -> JSON-serialisable dict; `set_state(state)` resumes on exactly the batches an uninterrupted run
     would have produced. `bad_records` counts the records skipped so far (with `data.skip_bad_records`).
@@ -195,8 +196,12 @@ def _saved_rows(rows):
     return rows
 
 
-def make_train_iterator(data_config, *, global_batch_size, seed, process_index=None, process_count=None, rows=None):
+def make_train_iterator(data_config, *, global_batch_size, seed, process_index=None, process_count=None, rows=None,
+                        normalize=True):
     """Infinite, deterministic, per-process sharded, exactly resumable train iterator (see module docstring).
+
+    ``normalize`` False: images come out uint8 [b,S,S,C], as the batch functions build them, for a caller that
+    normalises them elsewhere (``benchmarks/bench_input_peer.py`` against a tf.data peer that stops at uint8 too).
 
     This process yields the same rows of every global batch, in increasing order: ``rows`` (``(start, stop)``
     blocks, e.g. ``data.sharding.process_batch_rows(mesh, global_batch_size)``), or the ``process_index``-th of
@@ -225,7 +230,7 @@ def make_train_iterator(data_config, *, global_batch_size, seed, process_index=N
     if cache is not None:
         fn.records = None  # Everything is in memory; do not ship the source to workers.
     meta = _train_meta(settings, seed, global_batch_size, num_records, geometry)
-    return TrainIterator(fn, Normalize(mean, std), geometry.per_process, settings, meta,
+    return TrainIterator(fn, Normalize(mean, std) if normalize else HandOver(), geometry.per_process, settings, meta,
                          cache.skipped if cache is not None else 0)
 
 
