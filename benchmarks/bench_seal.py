@@ -30,7 +30,7 @@ from flax import nnx
 from layerscale_jax import create_model
 from layerscale_jax.bench.timing import cpu_model, load_average
 from layerscale_jax.checksums import THREADS, file_digests
-from layerscale_jax.train.checkpoint import Checkpointer
+from layerscale_jax.storage.checkpoint import Checkpointer
 
 
 def train_state(model_name: str, overrides: dict) -> dict:

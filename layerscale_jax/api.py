@@ -32,8 +32,8 @@ from flax import nnx
 
 from layerscale_jax.errors import ConfigError, UserError
 from layerscale_jax.paths import as_path, is_url, read_json
+from layerscale_jax.storage.workdir import metrics_lines
 from layerscale_jax.train import config as config_lib
-from layerscale_jax.train.workdir import metrics_lines
 
 __all__ = ["Run", "TrainingInterrupted", "diagnose", "evaluate", "example_batch", "fit", "load_config", "load_run",
            "override_config"]

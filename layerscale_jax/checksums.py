@@ -1,5 +1,5 @@
 """SHA-256 digests of a checkpoint's files: its seal, written as part of finishing the checkpoint and checked before it
-is read (``train/checkpoint.py`` restores, ``convert`` exports). A checkpoint without a seal is never trusted.
+is read (``storage/checkpoint.py`` restores, ``convert`` exports). A checkpoint without a seal is never trusted.
 
 Digests are computed on several threads (``hashlib`` releases the GIL while it hashes, file reads release it while
 they wait), and each process of a job hashes, and later checks, only its share of the files. Paths are

@@ -245,7 +245,7 @@ def cloud_bucket(root, **semantics):
 
 
 def _kill_at_save(step: int):
-    from layerscale_jax.train.checkpoint import Checkpointer
+    from layerscale_jax.storage.checkpoint import Checkpointer
     original = Checkpointer.save
 
     def save(self, at_step, *args, **kwargs):

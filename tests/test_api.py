@@ -218,7 +218,7 @@ def test_progress_watched_live_is_one_line_updated_in_place(tmp_path, monkeypatc
 def test_a_torn_metrics_line_is_dropped_and_restart_starts_over_where_no_checkpoint_is_usable(ema_run, tmp_path):
     import shutil
 
-    from layerscale_jax.train.workdir import WorkdirError
+    from layerscale_jax.storage.workdir import WorkdirError
 
     workdir = tmp_path / "run"
     shutil.copytree(ema_run.workdir, workdir)

@@ -11,7 +11,7 @@ from etils import epath
 import pytest
 
 from layerscale_jax.checksums import file_digests
-from layerscale_jax.train.checkpoint import REWRITTEN_AT_COMMIT, Checkpointer
+from layerscale_jax.storage.checkpoint import REWRITTEN_AT_COMMIT, Checkpointer
 
 from test_train import TINY, subprocess_env
 

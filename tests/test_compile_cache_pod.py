@@ -10,10 +10,10 @@ import subprocess
 import sys
 import tempfile
 
+import jax
 import pytest
 
-from layerscale_jax.train import loop as loop_lib
-from layerscale_jax.train.config import DEFAULT_CACHE_DIR
+from layerscale_jax.storage.compile_cache import DEFAULT_CACHE_DIR, use_compilation_cache
 
 from test_train import ROOT, TINY, subprocess_env
 
@@ -24,20 +24,20 @@ HIT = "Persistent compilation cache hit for 'jit_wrapped'"       # the train ste
 @pytest.fixture
 def jax_cache_settings():
     """JAX's compilation-cache settings as the test leaves them, then restored."""
-    before = {n: getattr(loop_lib.jax.config, n) for n in CACHE_SETTINGS}
+    before = {n: getattr(jax.config, n) for n in CACHE_SETTINGS}
     yield
     for name, value in before.items():
-        loop_lib.jax.config.update(name, value)
+        jax.config.update(name, value)
 
 
 def test_several_processes_use_the_workdirs_cache_instead_of_a_per_host_default(monkeypatch, jax_cache_settings):
-    cache_dir = lambda: loop_lib.jax.config.jax_compilation_cache_dir                      # noqa: E731
-    monkeypatch.setattr(loop_lib.jax, "process_count", lambda: 2)
-    assert loop_lib.use_compilation_cache(DEFAULT_CACHE_DIR, "gs://bucket/run") == "gs://bucket/run/xla_cache"
+    cache_dir = lambda: jax.config.jax_compilation_cache_dir                      # noqa: E731
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    assert use_compilation_cache(DEFAULT_CACHE_DIR, "gs://bucket/run") == "gs://bucket/run/xla_cache"
     assert cache_dir() == "gs://bucket/run/xla_cache"
-    assert loop_lib.use_compilation_cache("/shared/xla", "gs://bucket/run") == "/shared/xla" == cache_dir()  # as set
-    monkeypatch.setattr(loop_lib.jax, "process_count", lambda: 1)
-    assert loop_lib.use_compilation_cache(DEFAULT_CACHE_DIR, "gs://bucket/run") == DEFAULT_CACHE_DIR
+    assert use_compilation_cache("/shared/xla", "gs://bucket/run") == "/shared/xla" == cache_dir()  # as set
+    monkeypatch.setattr(jax, "process_count", lambda: 1)
+    assert use_compilation_cache(DEFAULT_CACHE_DIR, "gs://bucket/run") == DEFAULT_CACHE_DIR
     assert cache_dir() == os.path.expanduser(DEFAULT_CACHE_DIR)
 
 

@@ -213,7 +213,7 @@ def test_a_results_file_that_is_not_an_object_is_named_with_what_to_do(tmp_path)
 def test_a_metrics_log_of_random_bytes_is_one_error_naming_the_file(tmp_path):
     """``metrics.jsonl`` of random bytes was a 31-line ``UnicodeDecodeError`` at the resume (and in load_run)."""
     from etils import epath
-    from layerscale_jax.train import workdir as workdir_lib
+    from layerscale_jax.storage import workdir as workdir_lib
     path = epath.Path(tmp_path) / "metrics.jsonl"
     path.write_bytes(b'{"step": 1}\n\x8f\xfe\x00\xc3random')
     for read in (lambda: workdir_lib.truncate_metrics(path, 4), lambda: workdir_lib.metrics_lines(path),

@@ -1,8 +1,9 @@
 """The package's imports point one way: no import cycle anywhere in ``layerscale_jax`` (counting imports inside
-functions too), ``layers/`` imports nothing from the subpackages built on top of it, and ``train/`` reaches the
-compile planner ``plan/`` only from its command. Read statically from the
-source (``ast``), so a lazy import that would close a cycle is caught without running it. And no file of the code is
-named like a standard-library module, which it would hide from whatever runs as a script beside it."""
+functions too), ``layers/`` imports nothing from the subpackages built on top of it, the storage layer ``storage/``
+nothing from the loop above it, and ``train/`` reaches the compile planner ``plan/`` only from its command. Read
+statically from the source (``ast``), so a lazy import that would close a cycle is caught without running it. And no
+file of the code is named like a standard-library module, which it would hide from whatever runs as a script beside
+it."""
 import ast
 import functools
 import sys
@@ -10,7 +11,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "layerscale_jax"
-ABOVE_LAYERS = ("models", "optim", "data", "train", "plan", "convert", "bench")
+ABOVE_LAYERS = ("models", "optim", "data", "storage", "train", "plan", "convert", "bench")
+ABOVE_STORAGE = ("train", "plan", "convert", "bench", "lora", "api")
 
 
 def module_name(path: Path) -> str:
@@ -122,13 +124,24 @@ def test_layers_import_nothing_from_the_packages_built_on_them():
     assert not {k: v for k, v in wrong.items() if v}
 
 
+def test_storage_imports_nothing_from_the_loop_and_what_is_built_on_it():
+    """``storage/`` (checkpoints, the workdir and its lock, the compile cache) sits below ``train/``: the loop hands
+    it the values it stores, and ``train/`` imports it, never the reverse."""
+    graph = import_graph()
+    assert "layerscale_jax.storage.checkpoint" in graph["layerscale_jax.train.loop"]
+    above = tuple(f"layerscale_jax.{p}" for p in ABOVE_STORAGE)
+    wrong = {name: sorted(m for m in imports if m.startswith(above))
+             for name, imports in graph.items() if name.startswith("layerscale_jax.storage")}
+    assert not {k: v for k, v in wrong.items() if v}
+
+
 def test_the_planner_sits_above_training_which_reaches_it_only_from_its_command():
     """``plan/`` (compiling a run for hardware that is not here) builds on ``train/``; of ``train/`` only the command
     (``train.__main__``: ``--compile_for``) imports it, and nothing below ``train`` does."""
     graph = import_graph()
     assert "layerscale_jax.train.loop" in graph["layerscale_jax.plan.compile_for"]
-    below = ("layerscale_jax.train", "layerscale_jax.layers", "layerscale_jax.models", "layerscale_jax.optim",
-             "layerscale_jax.data", "layerscale_jax.convert", "layerscale_jax.lora")
+    below = ("layerscale_jax.train", "layerscale_jax.storage", "layerscale_jax.layers", "layerscale_jax.models",
+             "layerscale_jax.optim", "layerscale_jax.data", "layerscale_jax.convert", "layerscale_jax.lora")
     wrong = {name: sorted(m for m in imports if m.startswith("layerscale_jax.plan"))
              for name, imports in graph.items()
              if name.startswith(below) and name != "layerscale_jax.train.__main__"}

@@ -418,11 +418,11 @@ def override(cfg, **train):
 
 def test_orbax_never_asks_the_preemption_sync_point(tmp_path, monkeypatch):
     """The loop is the sync point's only caller (runtime.StopSignals): orbax's checkpoint manager would ask about
-    each step it saves, from its own threads too (train.checkpoint turns that off)."""
+    each step it saves, from its own threads too (storage.checkpoint turns that off)."""
     import jax.numpy as jnp
     from jax.experimental import multihost_utils
 
-    from layerscale_jax.train.checkpoint import Checkpointer
+    from layerscale_jax.storage.checkpoint import Checkpointer
     asked = []
     monkeypatch.setattr(multihost_utils, "reached_preemption_sync_point", lambda step: asked.append(step) or False)
     checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2)

@@ -146,7 +146,7 @@ def test_the_command_line_refuses_a_bad_range_before_training(tmp_path):
 
 
 def test_a_run_stored_before_the_fields_existed_resumes_and_the_fields_may_change():
-    from layerscale_jax.train.workdir import config_changes
+    from layerscale_jax.storage.workdir import config_changes
     stored = {"train": {"steps": 6}}
     assert config_changes(stored, {"train": {"steps": 6, "profile_steps": [], "profile_all_processes": False}}) == (
         [], [])

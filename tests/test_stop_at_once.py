@@ -136,7 +136,7 @@ def test_a_second_ctrl_c_during_a_save_stops_at_once(tmp_path):
     """The first Ctrl-C waits for the save in progress (new state: the stop is the loop's); the second ends the
     process at once, releasing the workdir."""
     workdir = str(tmp_path / "run")
-    job = start("layerscale_jax.train.checkpoint:Checkpointer.save", f"--config={TINY}:steps=24",
+    job = start("layerscale_jax.storage.checkpoint:Checkpointer.save", f"--config={TINY}:steps=24",
                 f"--workdir={workdir}", "--config.train.checkpoint_every=4")
     status, seconds, out, err = signal_and_finish(job, signal.SIGINT, signal.SIGINT, seen="received SIGINT")
     assert status == 130, out + err
@@ -147,7 +147,7 @@ def test_a_second_ctrl_c_during_a_save_stops_at_once(tmp_path):
 
 def test_a_stop_that_cannot_end_within_the_stop_deadline_ends_the_process_then(tmp_path):
     workdir = str(tmp_path / "run")
-    job = start("layerscale_jax.train.checkpoint:Checkpointer.save", f"--config={TINY}:steps=24",
+    job = start("layerscale_jax.storage.checkpoint:Checkpointer.save", f"--config={TINY}:steps=24",
                 f"--workdir={workdir}", "--config.train.checkpoint_every=4", "--config.train.stop_deadline_seconds=3")
     status, seconds, out, err = signal_and_finish(job, signal.SIGTERM)
     assert status == 143, out + err

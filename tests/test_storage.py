@@ -13,6 +13,7 @@ from etils import epath
 from layerscale_jax.errors import UserError
 from layerscale_jax.data.sources import resolve_data_dir
 from layerscale_jax.paths import as_path, write_text_atomically
+from layerscale_jax.storage.compile_cache import use_compilation_cache
 from layerscale_jax.train import goodput as goodput_lib
 from layerscale_jax.train import loop as loop_lib
 
@@ -133,9 +134,9 @@ def test_a_restart_loads_its_programs_from_the_compilation_cache(tmp_path):
 def test_an_empty_compilation_cache_dir_leaves_the_cache_off(monkeypatch, tmp_path):
     config = loop_lib.jax.config
     config.update("jax_compilation_cache_dir", None)
-    assert loop_lib.use_compilation_cache("") == "" and config.jax_compilation_cache_dir is None
+    assert use_compilation_cache("") == "" and config.jax_compilation_cache_dir is None
     monkeypatch.setenv("HOME", str(tmp_path))
-    loop_lib.use_compilation_cache("~/cache")                  # every program cached, however fast it compiled
+    use_compilation_cache("~/cache")                           # every program cached, however fast it compiled
     assert config.jax_compilation_cache_dir == str(tmp_path / "cache")
     assert config.jax_persistent_cache_min_compile_time_secs == 0.0
 
@@ -251,7 +252,7 @@ def test_a_restart_killed_midway_on_a_bucket_is_finished_by_the_next_start(tmp_p
     operations, the next start finishes the move, and every file is in previous/<time>/ once, intact."""
     from cloud_bucket import Killed
 
-    from layerscale_jax.train import workdir as workdir_lib
+    from layerscale_jax.storage import workdir as workdir_lib
     with cloud_bucket(tmp_path) as bucket:
         workdir = epath.Path("gs://bucket/run")
         expected = _fill(workdir, RUN_FILES)
@@ -277,7 +278,7 @@ def test_a_quarantine_killed_midway_on_a_bucket_is_finished_by_the_next_start(tm
     move before orbax lists the steps, so the half-moved step is never seen as a checkpoint."""
     from cloud_bucket import Killed
 
-    from layerscale_jax.train.checkpoint import Checkpointer
+    from layerscale_jax.storage.checkpoint import Checkpointer
     with cloud_bucket(tmp_path) as bucket:
         root = epath.Path("gs://bucket/run/checkpoints")
         expected = _fill(root, ["4/state/a", "4/state/b", "4/commit_success.txt", "meta/4/checksums.json"])
@@ -304,7 +305,7 @@ def test_a_quarantine_killed_midway_on_a_bucket_is_finished_by_the_next_start(tm
 def test_a_run_stored_before_the_read_plan_existed_resumes_with_it_off():
     """A config stored without data.read_block / read_window ran with a uniform permutation: resuming it with the
     defaults (plan off) is no change; with the plan on it is refused (another order of the records)."""
-    from layerscale_jax.train.workdir import config_changes
+    from layerscale_jax.storage.workdir import config_changes
     stored = {"data": {"name": "digits"}}
     assert config_changes(stored, {"data": {"name": "digits", "read_block": 0, "read_window": 16}}) == ([], [])
     refused, _ = config_changes(stored, {"data": {"name": "digits", "read_block": 256, "read_window": 16}})

@@ -15,7 +15,7 @@ from flax import nnx
 from layerscale_jax import data as data_lib
 from layerscale_jax.train import loop as loop_lib
 from layerscale_jax.train import sharding as shard_lib
-from layerscale_jax.train.checkpoint import Checkpointer
+from layerscale_jax.storage.checkpoint import Checkpointer
 from layerscale_jax.train.guard import NonFiniteError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -380,7 +380,7 @@ def test_a_damaged_compilation_cache_entry_is_replaced_by_the_next_compile(tmp_p
     import subprocess
     import sys
     cache = tmp_path / "cache"
-    program = ("import sys; from layerscale_jax.train.loop import use_compilation_cache; "
+    program = ("import sys; from layerscale_jax.storage.compile_cache import use_compilation_cache; "
                "use_compilation_cache(sys.argv[1]); import jax, jax.numpy as jnp; "
                "print(jax.jit(lambda x: jnp.sin(x) * 2 + 1)(jnp.arange(3.0)))")
 

@@ -21,10 +21,10 @@ import pytest
 from etils import epath
 
 from layerscale_jax import network
+from layerscale_jax.storage import workdir as workdir_lib
+from layerscale_jax.storage.checkpoint import Checkpointer, CheckpointSaveError, NoUsableCheckpointError
+from layerscale_jax.storage.workdir_lock import WorkdirLock
 from layerscale_jax.train import loop as loop_lib
-from layerscale_jax.train import workdir as workdir_lib
-from layerscale_jax.train.workdir_lock import WorkdirLock
-from layerscale_jax.train.checkpoint import Checkpointer, CheckpointSaveError, NoUsableCheckpointError
 
 from test_train import TINY, read_metrics, subprocess_env, tiny_config, train_losses
 
@@ -505,7 +505,7 @@ def test_a_workdir_that_cannot_be_a_directory_is_one_clear_error(tmp_path, what)
 
 @pytest.mark.slow
 def test_a_disk_too_full_for_the_state_stops_before_orbax_writes_naming_the_step(tmp_path, monkeypatch):
-    from layerscale_jax.train import checkpoint as checkpoint_lib
+    from layerscale_jax.storage import checkpoint as checkpoint_lib
     workdir = tmp_path / "full_disk"
     real_statvfs = os.statvfs
 

@@ -1,4 +1,4 @@
-"""The workdir lock (``train.workdir_lock``): a requeue onto a new host takes over a lock whose heartbeat expired, a
+"""The workdir lock (``storage.workdir_lock``): a requeue onto a new host takes over a lock whose heartbeat expired, a
 requeue of the same scheduler job takes over its earlier run's lock at once, a live lock refuses, an empty or
 garbled lock is taken over in one line (no RecursionError, also through ``lsj.fit``), a failed write leaves no
 lock, the lock's release never hides the error that ended a run, and on ``gs://`` the lock object is created,
@@ -14,10 +14,10 @@ import time
 import pytest
 
 import layerscale_jax as lsj
+from layerscale_jax.storage.workdir import WorkdirError
+from layerscale_jax.storage.workdir_lock import (HEARTBEAT_SECONDS, STALE_AFTER_HEARTBEATS, ObjectLockFile,
+                                                 WorkdirLock, scheduler_job)
 from layerscale_jax.train import loop as loop_lib
-from layerscale_jax.train.workdir import WorkdirError
-from layerscale_jax.train.workdir_lock import (HEARTBEAT_SECONDS, STALE_AFTER_HEARTBEATS, ObjectLockFile, WorkdirLock,
-                                               scheduler_job)
 
 from cloud_bucket import cloud_bucket
 from test_train import tiny_config

@@ -1,15 +1,16 @@
 """JAX's persistent compilation cache for a run (``train.compilation_cache_dir``): a restarted job loads its compiled
 programs instead of compiling them again; a damaged entry is replaced by the next compile.
+
+Imports no jax until it is used: the config's checks (``train.config``) take the default directory from here.
 """
 from __future__ import annotations
 
 import os
 
-import jax
-
 from layerscale_jax.paths import as_path
-from layerscale_jax.train.config import DEFAULT_CACHE_DIR
-from layerscale_jax.train.workdir import CACHE_IN_WORKDIR
+from layerscale_jax.storage.workdir import CACHE_IN_WORKDIR
+
+DEFAULT_CACHE_DIR = "~/.cache/layerscale_jax/xla"    # per host; a job of several processes uses WORKDIR/xla_cache
 
 
 def use_compilation_cache(directory: str, workdir=None) -> str:
@@ -23,6 +24,8 @@ def use_compilation_cache(directory: str, workdir=None) -> str:
     every restart while the pod waits for them. A job of several processes whose ``directory`` is the per-host
     default uses ``<workdir>/xla_cache`` instead, which every process reaches (their checkpoints are there too).
     Returns the directory used ('' for none)."""
+    import jax
+
     if directory == DEFAULT_CACHE_DIR and workdir is not None and jax.process_count() > 1:
         directory = os.fspath(as_path(workdir) / CACHE_IN_WORKDIR)
     if directory:

@@ -32,7 +32,7 @@ ADDED_FIELDS = {"data.read_block": 0, "data.read_window": 16, "train.profile_ste
 
 PREVIOUS_DIR = "previous"       # --restart moves an earlier run's files to <workdir>/previous/<UTC time>/
 RESTART_JOURNAL = "restart.json"  # the moves of a --restart until they are all done (paths.move_all)
-CACHE_IN_WORKDIR = "xla_cache"  # a multi-process job's default compilation cache (train.compile_cache)
+CACHE_IN_WORKDIR = "xla_cache"  # a multi-process job's default compilation cache (storage.compile_cache)
 
 log = logging.getLogger(__name__)
 

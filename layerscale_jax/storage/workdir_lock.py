@@ -52,7 +52,7 @@ from typing import Callable, Mapping
 
 from layerscale_jax.paths import as_path, is_url, write_text_atomically
 from layerscale_jax.runtime import stop_signals
-from layerscale_jax.train.workdir import WorkdirError, _cause
+from layerscale_jax.storage.workdir import WorkdirError, _cause
 
 HEARTBEAT_SECONDS = 60.0
 STALE_AFTER_HEARTBEATS = 5

@@ -1,4 +1,5 @@
-"""Training: device mesh and shardings, pure train/eval steps, orbax checkpoints, metrics, the main loop.
+"""Training: device mesh and shardings, pure train/eval steps, metrics, the main loop (checkpoints and the workdir:
+``layerscale_jax.storage``).
 
 ``train_and_evaluate`` (``train.loop``) loads on first use, so ``python -m layerscale_jax.train`` starts its
 ``__main__`` — which installs the stop-signal handlers — before jax is imported.

@@ -74,6 +74,7 @@ from layerscale_jax.lora_config import LoraSettings
 from layerscale_jax.optim.config import OptimSettings
 from layerscale_jax.paths import as_path
 from layerscale_jax.settings import Section, boolean, check_fields, choice, integer, number
+from layerscale_jax.storage.compile_cache import DEFAULT_CACHE_DIR
 
 NONFINITE_MODES = ("raise", "skip")
 FINETUNE_MODES = ("full", "lora", "linear_probe")          # train.finetune
@@ -118,9 +119,6 @@ def model_overrides(model_cfg) -> dict:
     cfg = model_cfg.to_dict() if hasattr(model_cfg, "to_dict") else dict(model_cfg)
     cfg.pop("name")
     return cfg
-
-
-DEFAULT_CACHE_DIR = "~/.cache/layerscale_jax/xla"    # per host; a job of several processes uses WORKDIR/xla_cache
 
 
 @dataclasses.dataclass(frozen=True)

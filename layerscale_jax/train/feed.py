@@ -10,7 +10,7 @@ import time
 from layerscale_jax import data as data_lib
 from layerscale_jax.data.sharding import process_batch_rows, read_plan
 from layerscale_jax.errors import UserError
-from layerscale_jax.train.checkpoint import gather_from_all
+from layerscale_jax.storage.checkpoint import gather_from_all
 
 
 class Batches:

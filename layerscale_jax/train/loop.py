@@ -36,12 +36,13 @@ from layerscale_jax.errors import ConfigError, UserError
 from layerscale_jax.models.registry import create_from_config
 from layerscale_jax.paths import as_path, read_json, write_text_atomically
 from layerscale_jax.runtime import stop_signals
+from layerscale_jax.storage import workdir as workdir_lib
+from layerscale_jax.storage.checkpoint import Checkpointer, broadcast_from_primary, to_jsonable
+from layerscale_jax.storage.compile_cache import use_compilation_cache
+from layerscale_jax.storage.workdir_lock import WorkdirLock
 from layerscale_jax.train import finetune as finetune_lib
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import tasks as tasks_lib
-from layerscale_jax.train import workdir as workdir_lib
-from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary, to_jsonable
-from layerscale_jax.train.compile_cache import use_compilation_cache
 from layerscale_jax.optim.config import OptimSettings
 from layerscale_jax.train.config import Experiment, TrainSettings, as_experiment
 from layerscale_jax.train.diagnostics import make_diagnostics_fn
@@ -53,7 +54,6 @@ from layerscale_jax.train.metrics import MetricsLog, MetricsWriter, RunRecord, c
 from layerscale_jax.train.profiling import StepProfile, step_fn
 from layerscale_jax.train.saving import Checkpoints, Preemption
 from layerscale_jax.train.step import init_train_state, make_eval_step, make_train_step
-from layerscale_jax.train.workdir_lock import WorkdirLock
 
 
 def _check_model_matches_data(arch, info) -> None:

@@ -8,7 +8,7 @@ import time
 import jax
 
 from layerscale_jax.runtime import stop_signals
-from layerscale_jax.train.checkpoint import Checkpointer, broadcast_from_primary
+from layerscale_jax.storage.checkpoint import Checkpointer, broadcast_from_primary
 from layerscale_jax.train.metrics import due, host_window
 
 
