@@ -44,6 +44,19 @@ def finished(six_step_run):
     return six_step_run
 
 
+@pytest.fixture
+def saved_checkpoints(tmp_path):
+    """A workdir whose ``checkpoints/`` holds the sealed steps 2, 4 and ``STEPS`` of a small state, as the run saves
+    them (keeping 2), without training: for the tests of the checkpoint files alone."""
+    import jax.numpy as jnp
+    checkpointer = Checkpointer(tmp_path / "saved" / "checkpoints", keep=2)
+    for step in (2, 4, STEPS):
+        state = {"params": {"w": jnp.full(3, step, jnp.float32), "b": jnp.zeros(2, jnp.float32)}}
+        checkpointer.save(step, state, {"position": step}, {"a": 1})
+    checkpointer.close()
+    return str(tmp_path / "saved")
+
+
 def checkpoint_steps(workdir):
     return sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
 
@@ -91,6 +104,7 @@ def test_raising_steps_continues_from_the_final_checkpoint(finished, tmp_path):
     assert sorted(train_losses(workdir)) == list(range(1, 9))
 
 
+@pytest.mark.slow
 def test_another_config_in_the_same_workdir_is_refused_naming_the_fields(finished, tmp_path):
     workdir = copy_run(finished, tmp_path, "other")
     other = config()
@@ -135,6 +149,7 @@ def unfinished_run_with_every_checkpoint_corrupt(finished, tmp_path, name):
     return workdir
 
 
+@pytest.mark.slow
 def test_when_no_checkpoint_is_usable_the_run_stops_and_says_how_to_start_fresh(finished, tmp_path):
     workdir = unfinished_run_with_every_checkpoint_corrupt(finished, tmp_path, "all_corrupt")
     with pytest.raises(NoUsableCheckpointError, match="use a new --workdir"):
@@ -191,10 +206,10 @@ def test_records_of_a_killed_run_after_its_last_checkpoint_are_not_duplicated(fi
     assert strip(read_metrics(workdir)) == strip(read_metrics(finished[0]))
 
 
-def test_cleaning_up_after_a_save_keeps_the_side_files_other_processes_write_for_the_next_step(finished, tmp_path):
+def test_cleaning_up_after_a_save_keeps_the_side_files_other_processes_write_for_the_next_step(saved_checkpoints):
     """Process 0 removes the side files of deleted checkpoints while the other processes may already be writing
     their data state for the next step: side files of older, deleted steps are removed, a newer step's are kept."""
-    workdir = copy_run(finished, tmp_path, "seal")
+    workdir = saved_checkpoints
     meta = os.path.join(workdir, "checkpoints", "meta")
     for step in (1, STEPS + 2):
         os.makedirs(os.path.join(meta, str(step)))
@@ -335,9 +350,9 @@ def test_flipped_bits_in_a_sealed_step_are_found_by_its_seal(finished, tmp_path,
     assert f"checkpoint at step {STEPS} is corrupt" in caplog.text and results["resumed_from_step"] == 4
 
 
-def test_each_process_checks_only_its_share_of_the_files_and_the_shares_cover_every_file(finished, tmp_path):
+def test_each_process_checks_only_its_share_of_the_files_and_the_shares_cover_every_file(saved_checkpoints):
     from layerscale_jax.checksums import corruption
-    workdir = copy_run(finished, tmp_path, "shares")
+    workdir = saved_checkpoints
     step_dir = epath.Path(workdir) / "checkpoints" / str(STEPS)
     seal = epath.Path(workdir) / "checkpoints" / "meta" / str(STEPS) / "checksums.json"
     names = sorted(json.loads(seal.read_text()))
@@ -437,6 +452,7 @@ def test_a_metrics_log_deleted_while_the_run_writes_it_is_named_at_once(tmp_path
     assert writer.lost == 1 and writer.since_checkpoint()["records"] == 1
 
 
+@pytest.mark.slow
 def test_a_damaged_line_inside_the_metrics_log_is_an_error_naming_the_file_and_the_line(finished, tmp_path):
     workdir = resumable_copy(finished, tmp_path, "damaged")
     path = os.path.join(workdir, "metrics.jsonl")
@@ -470,6 +486,7 @@ def test_without_a_usable_checkpoint_a_rerun_is_refused_until_restart_moves_the_
     assert len([n for n in os.listdir(os.path.join(workdir, "tensorboard")) if n.startswith("events")]) == 1
 
 
+@pytest.mark.slow
 def test_lowering_steps_below_the_run_in_a_workdir_is_refused_leaving_it_untouched(finished, tmp_path):
     workdir = copy_run(finished, tmp_path, "shorter")
     before = {name: open(os.path.join(workdir, name)).read() for name in ("results.json", "config.json")}
@@ -743,6 +760,7 @@ def test_a_damaged_results_or_config_file_is_named_with_what_to_do(finished, tmp
     assert loop_lib.train_and_evaluate(config(), workdir)["test_accuracy"] == finished[1]["test_accuracy"]
 
 
+@pytest.mark.slow
 def test_another_config_with_fewer_steps_on_a_finished_workdir_names_the_differing_fields_first(finished, tmp_path):
     workdir = copy_run(finished, tmp_path, "other_and_shorter")
     other = config()
@@ -751,6 +769,7 @@ def test_another_config_with_fewer_steps_on_a_finished_workdir_names_the_differi
         loop_lib.train_and_evaluate(other, workdir)
 
 
+@pytest.mark.slow
 def test_an_old_checkpoint_whose_deletion_was_interrupted_is_set_aside_once(finished, tmp_path, caplog):
     """A kill while orbax deleted step 4 (kept: 6): its directory lost _CHECKPOINT_METADATA and config/. It is moved
     to quarantine/ with one warning, instead of orbax's "Metadata file does not exist" lines on every run."""
