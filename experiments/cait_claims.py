@@ -48,6 +48,7 @@ import sweep
 
 ALPHA = 0.05
 POWER = 0.8              # for the detectable difference stated next to every comparison (post hoc, not a rule)
+SIMULATION_DRAWS = 20_000   # post hoc: the seeded Monte Carlo draws behind each detectable difference
 DEEP_DEPTHS = 2          # how many of the grid's largest depths are "deep"
 
 Cell = tuple  # (scheme, warmup, depth)
@@ -160,7 +161,8 @@ class Comparison:
     accuracy_p_holm: float | None = None
     divergence_p_holm: float | None = None
     outcome: str = "not tested"
-    detectable: tuple[float, float] | None = None   # (at Holm's first step α/m, at its last α): ``detectable``
+    detectable: tuple[float, float] | None = None   # (Holm's α/m, α), post hoc: set by ``simulate_detectable``
+    worse_mean: float | None = None   # mean of the claimed-worse cell's converged runs (with ``spread``)
 
     def tests(self) -> list[float]:
         return ([self.accuracy.p] if self.accuracy else []) + ([self.divergence[2]] if self.divergence else [])
@@ -185,20 +187,20 @@ def compare(records: list[dict], better: Cell, worse: Cell, value) -> Comparison
     divergence = (k_a, k_b, fisher_divergence(k_a, len(a_runs), k_b, len(b_runs))) if k_a or k_b else None
     spread = (statistics.stdev(a), statistics.stdev(b), len(a), len(b)) if accuracy else None
     return Comparison(better, worse, f"{len(a)}/{len(a_runs)} vs {len(b)}/{len(b_runs)}", accuracy, divergence,
-                      spread)
+                      spread, worse_mean=statistics.mean(b) if accuracy else None)
 
 
 def detectable(spread: tuple[float, float, int, int], tests: int, alpha: float = ALPHA, power: float = POWER
                ) -> tuple[float, float]:
     """The difference of means (points) a comparison's Welch test detects with probability ``power`` at the
     observed SDs and sizes (``sweep.detectable_difference``), at Holm's strictest level α/``tests`` (the smallest p
-    of the family) and at its loosest, α: the study's resolution for that comparison — a "not reproduced" rules
-    out nothing much smaller than this."""
+    of the family) and at its loosest, α. The formula takes the SDs as known, which makes it optimistic at a few
+    seeds: the reports state ``simulate_detectable``'s instead, and ``rate_window`` sets the two side by side."""
     return (sweep.detectable_difference(*spread, alpha / tests, power),
             sweep.detectable_difference(*spread, alpha, power))
 
 
-def simulated_power(delta: float, spread: tuple[float, float, int, int], alpha: float, draws: int = 20_000,
+def simulated_power(delta: float, spread: tuple[float, float, int, int], alpha: float, draws: int = SIMULATION_DRAWS,
                     seed: int = 0) -> float:
     """The share of ``draws`` simulated pairs of samples — ``n_a`` values ~ N(δ, s_a²) against ``n_b`` ~ N(0, s_b²),
     ``spread = (s_a, s_b, n_a, n_b)`` — in which Welch's two-sided test rejects at ``alpha``: reject when
@@ -217,7 +219,7 @@ def simulated_power(delta: float, spread: tuple[float, float, int, int], alpha: 
 
 
 def simulated_detectable(spread: tuple[float, float, int, int], alpha: float, power: float = POWER,
-                         draws: int = 20_000, seed: int = 0) -> float:
+                         draws: int = SIMULATION_DRAWS, seed: int = 0) -> float:
     """The smallest difference of means δ with ``simulated_power(δ) ≥ power`` (bisection to 0.001 points between
     0 and 100 formula-sized steps, ``sweep.detectable_difference``): the detectable difference without the
     formula's assumption that the SDs are known, which makes it optimistic at a few seeds. 0 when both SDs are 0."""
@@ -231,7 +233,7 @@ def simulated_detectable(spread: tuple[float, float, int, int], alpha: float, po
 
 
 def simulated_detectable_pair(spread: tuple[float, float, int, int], tests: int, alpha: float = ALPHA,
-                              power: float = POWER, draws: int = 20_000) -> tuple[float, float]:
+                              power: float = POWER, draws: int = SIMULATION_DRAWS) -> tuple[float, float]:
     """``simulated_detectable`` at Holm's strictest level α/``tests`` and at its loosest, α (``detectable``'s
     pair, by simulation)."""
     return (simulated_detectable(spread, alpha / tests, power, draws),
@@ -259,7 +261,6 @@ def evaluate(records: list[dict], claim: Claim, value, alpha: float = ALPHA,
     family = [p for c in comparisons for p in c.tests()]
     adjusted = iter(holm(family))
     for c in comparisons:
-        c.detectable = detectable(c.spread, len(family), alpha) if c.spread else None
         c.accuracy_p_holm = next(adjusted) if c.accuracy else None
         c.divergence_p_holm = next(adjusted) if c.divergence else None
         signs = []
@@ -291,6 +292,31 @@ def evaluate(records: list[dict], claim: Claim, value, alpha: float = ALPHA,
     return ClaimResult(claim, comparisons, missing, verdict)
 
 
+def simulate_detectable(result: ClaimResult, alpha: float = ALPHA, power: float = POWER,
+                        draws: int = SIMULATION_DRAWS) -> ClaimResult:
+    """``result`` with each comparison's ``detectable`` (Holm's α/m, α) by simulating Welch's test at its observed
+    SDs and seeds (``simulated_detectable_pair``, seeded: the same numbers every time; m the family's tests). Post
+    hoc: it states resolution — a "not reproduced" rules out nothing much smaller than this — and decides nothing."""
+    tests = sum(len(c.tests()) for c in result.comparisons)
+    for c in result.comparisons:
+        c.detectable = simulated_detectable_pair(c.spread, tests, alpha, power, draws) if c.spread else None
+    return result
+
+
+def accuracy_headroom(c: Comparison) -> float:
+    """The largest difference of test accuracies (points) the comparison can show in the claimed direction:
+    ``100 − x̄_worse``, x̄_worse the claimed-worse cell's mean over its converged runs. The claim is
+    μ_better − μ_worse > 0 with μ_better ≤ 100 (no run scores above 100%), so μ_better − μ_worse ≤ 100 − μ_worse;
+    μ_worse is unknown and its observed mean stands in for it (a plug-in bound, as the SDs of the simulation are). A
+    detectable difference beyond it is a difference this endpoint cannot show: "not detectable within the
+    endpoint's range". (The opposite direction, the claimed-worse cell ahead, is bounded by 100 − x̄_better; a
+    claim asks about its own direction.)"""
+    return 100.0 - c.worse_mean
+
+
+OUT_OF_RANGE = "not detectable within the endpoint's range"
+
+
 def _cell_name(cell: Cell) -> str:
     scheme, warmup, depth = cell
     return f"`{scheme}`{'' if warmup else ' (no warm-up)'} @ {depth}"
@@ -301,8 +327,14 @@ def _p(p: float | None) -> str:
 
 
 def detectable_cell(c: Comparison) -> str:
-    """``"a / b"``: the detectable difference at Holm's α/m and at α; "–" without an accuracy test."""
-    return f"{c.detectable[0]:.2f} / {c.detectable[1]:.2f}" if c.detectable else "–"
+    """``"a / b"``: the detectable difference at Holm's α/m and at α, each beyond the claimed direction's range
+    (``accuracy_headroom``) written as ``OUT_OF_RANGE`` followed once by the range, "(range r)"; "–" without an
+    accuracy test."""
+    if not c.detectable:
+        return "–"
+    limit = accuracy_headroom(c)
+    text = " / ".join(f"{x:.2f}" if x <= limit else OUT_OF_RANGE for x in c.detectable)
+    return text + (f" (range {limit:.2f})" if max(c.detectable) > limit else "")
 
 
 def comparison_cells(c: Comparison, detectable_text=detectable_cell) -> list[str]:
@@ -321,7 +353,15 @@ METHOD = (f"Per comparison: Welch's t-test on the final test accuracy of the con
           f"divergence counts; Holm's correction over every test of a claim (family-wise α = {ALPHA}). Rules fixed "
           f"before any final run: experiments/cait_claims.py. \"detectable\" (added after the runs, a statement of "
           f"resolution, not a rule): the difference the Welch test detects with {POWER:.0%} probability at the "
-          f"comparison's observed SDs and seeds, at Holm's strictest level α/m (m the claim's tests) and at α.")
+          f"comparison's observed SDs and seeds, at Holm's strictest level α/m (m the claim's tests) and at α, by "
+          f"simulation of Welch's test at the observed SDs (post hoc; {SIMULATION_DRAWS:,} seeded draws, "
+          f"`cait_claims.simulated_detectable`) rather than by the formula that takes the SDs as known; one larger "
+          f"than the claimed difference can be — 100 minus the claimed-worse cell's mean accuracy, as no run scores "
+          f"above 100% — is \"{OUT_OF_RANGE}\", with that range.")
+
+
+DETECTABLE_HEADER = (f"detectable, {POWER:.0%} power (α/m / α), by simulation of Welch's test at the observed SDs "
+                     f"(post hoc)")
 
 
 def _comparison_name(better: Cell, worse: Cell, marked: frozenset, mark: str) -> str:
@@ -337,7 +377,8 @@ def write_claims(records: list[dict], path: str, title: str, value, depths: Sequ
     judges the pre-registered comparisons (those without runs: "not tested"); a claim one of whose comparisons has
     fewer than ``runs_per_cell`` runs (the protocol's seeds) in a cell is interim. A comparison with a cell in
     ``marked`` carries ``mark`` (the title explains it, e.g. a machine confound)."""
-    results = [evaluate(records, claim, value, runs_per_cell=runs_per_cell) for claim in cait_claims(depths)]
+    results = [simulate_detectable(evaluate(records, claim, value, runs_per_cell=runs_per_cell))
+               for claim in cait_claims(depths)]
     parts = [f"{title}\n\n{METHOD}\n\n",
              sweep.markdown_table(["claim", "verdict"], ([f"{r.claim.name}. {r.claim.statement}", f"**{r.verdict}**"]
                                                          for r in results))]
@@ -350,7 +391,7 @@ def write_claims(records: list[dict], path: str, title: str, value, depths: Sequ
         parts.append(f"\n### Claim {r.claim.name}: {r.verdict}\n\n{r.claim.statement}.\n\n" + sweep.markdown_table(
             ["comparison (claimed better vs worse)", "converged/runs", "difference of means, points [95% CI]",
              "Welch t", "df", "p", "p (Holm)", "diverged runs (Fisher)",
-             f"detectable, {POWER:.0%} power (α/m / α)", "outcome"], rows))
+             DETECTABLE_HEADER, "outcome"], rows))
     with open(path, "w") as f:
         f.write("".join(parts))
     return results

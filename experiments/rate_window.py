@@ -240,12 +240,9 @@ def analyse(records: Sequence[dict]) -> dict[str, tuple[cait_claims.ClaimResult,
 def simulate_detectable(result: cait_claims.ClaimResult) -> cait_claims.ClaimResult:
     """``result`` with each comparison's ``detectable`` (Holm's α/m, α) by simulating Welch's test at its observed
     SDs and seeds (``cait_claims.simulated_detectable_pair``; m the family's tests) in place of the formula that
-    takes the SDs as known. Post hoc: it states resolution and decides nothing."""
-    tests = sum(len(c.tests()) for c in result.comparisons)
-    for c in result.comparisons:
-        c.detectable = (cait_claims.simulated_detectable_pair(c.spread, tests, ALPHA, POWER, SIMULATION_DRAWS)
-                        if c.spread else None)
-    return result
+    takes the SDs as known (``cait_claims.simulate_detectable``). Post hoc: it states resolution and decides
+    nothing."""
+    return cait_claims.simulate_detectable(result, ALPHA, POWER, SIMULATION_DRAWS)
 
 
 def formula_detectable(result: cait_claims.ClaimResult) -> list[tuple[float, float]]:
@@ -274,7 +271,7 @@ def detectable_text(limit: float):
     return text
 
 
-OUT_OF_RANGE = "not detectable within the endpoint's range"
+OUT_OF_RANGE = cait_claims.OUT_OF_RANGE
 
 
 def detectable_span(result: cait_claims.ClaimResult, limit: float) -> tuple[str, int, int]:

@@ -147,7 +147,7 @@ def test_the_claims_figure_draws_every_comparison_with_and_without_an_accuracy_t
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_each_comparison_states_the_difference_its_welch_test_detects_at_holms_first_and_last_level(tmp_path):
+def test_the_formulas_detectable_difference_is_the_t_approximation_at_holms_first_and_last_level():
     from scipy import stats
     records = [r for d in (48, 96) for r in runs("layerscale", True, d, HIGH) + runs("none", True, d, SAME)]
     result = judge(records, "2")                               # two comparisons, two tests: α/m = 0.025
@@ -156,9 +156,36 @@ def test_each_comparison_states_the_difference_its_welch_test_detects_at_holms_f
     se, dof = math.sqrt(0.0164), 0.0164 ** 2 / ((0.0114 ** 2 + 0.005 ** 2) / 4)
     assert dof == pytest.approx(6.943, abs=1e-3)
     for c in result.comparisons:
-        strict, loose = c.detectable
+        strict, loose = cc.detectable(c.spread, 2)
         assert strict == pytest.approx((stats.t.ppf(1 - 0.025 / 2, dof) + stats.t.ppf(0.8, dof)) * se)
         assert loose == pytest.approx((stats.t.ppf(1 - 0.05 / 2, dof) + stats.t.ppf(0.8, dof)) * se)
         assert 0.40 < loose < strict < 0.50
-    cc.write_claims(records, str(tmp_path / "claims.md"), "title", lambda r: r["accuracy"], depths=GRID)
-    assert f"| {strict:.2f} / {loose:.2f} | not resolved |" in (tmp_path / "claims.md").read_text()
+        assert c.detectable is None                             # the verdict's rule does not use it (post hoc)
+
+
+def test_the_claims_reports_detectable_difference_is_the_simulated_one_capped_at_the_accuracy_headroom(tmp_path):
+    """claims.md states each comparison's detectable difference by simulating Welch's test at the observed SDs
+    (seeded: the same numbers twice), and one larger than the claimed-worse cell's headroom to 100% as not
+    detectable within the endpoint's range, with that range."""
+    better = [99.6, 99.9, 99.3, 99.8, 99.4]
+    worse = [99.22, 99.72, 98.72, 99.42, 99.02]   # mean 99.22: `layerscale` can be 100 − 99.22 = 0.78 points ahead
+    records = [r for d in (48, 96) for r in runs("layerscale", True, d, better) + runs("none", True, d, worse)]
+    results = cc.write_claims(records, str(tmp_path / "claims.md"), "title", lambda r: r["accuracy"], depths=GRID)
+    text = (tmp_path / "claims.md").read_text()
+    claim = {r.claim.name: r for r in results}["2"]
+    assert len(claim.comparisons) == 2                          # two tests: Holm's α/m = 0.025
+    for c in claim.comparisons:
+        assert c.detectable == cc.simulated_detectable_pair(c.spread, 2)
+        assert cc.accuracy_headroom(c) == pytest.approx(0.78)
+        strict, loose = c.detectable
+        formula_strict, formula_loose = cc.detectable(c.spread, 2)
+        # the formula (SDs known) would put α/m inside the range; the simulated test needs more, beyond it
+        assert formula_strict < 0.78 < strict and formula_loose < loose < 0.78
+        assert c.outcome == "not resolved"
+    assert f"| {cc.OUT_OF_RANGE} / {loose:.2f} (range 0.78) | not resolved |" in text
+    assert "| detectable, 80% power (α/m / α), by simulation of Welch's test at the observed SDs (post hoc) |" in text
+    # within the range, both levels are numbers: HIGH against SAME (mean 98.0, range 2.0)
+    records = [r for d in (48, 96) for r in runs("layerscale", True, d, HIGH) + runs("none", True, d, SAME)]
+    results = cc.write_claims(records, str(tmp_path / "same.md"), "title", lambda r: r["accuracy"], depths=GRID)
+    strict, loose = {r.claim.name: r for r in results}["2"].comparisons[0].detectable
+    assert f"| {strict:.2f} / {loose:.2f} | not resolved |" in (tmp_path / "same.md").read_text()

@@ -293,6 +293,47 @@ def test_the_write_ups_verdicts_quote_the_committed_claims(path):
                 assert any(d[:len(difference)] == difference for d in tests), (path, choice, row[0], difference)
 
 
+def _detectable_span(section: str, depth: int) -> str:
+    """The write-ups' summary of one claim's detectable differences at ``depth`` from its claims.md ``section``:
+    "a–b @ depth" (or "a @ depth") over both levels of every comparison within the range, then "(k of n beyond
+    the range)" when some lie beyond it, or "none @ depth (beyond the range)" when all do."""
+    values = []
+    for line in "".join(section.split("| outcome |")[1:]).splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) > 2 and re.search(rf"@ {depth}( |$)", cells[0]) and cells[-2] != "–":
+            values += [None if v.strip().startswith("not detectable") else float(v)
+                       for v in cells[-2].split(" (range")[0].split(" / ")]
+    inside = [v for v in values if v is not None]
+    if not inside:
+        return f"none @ {depth} (beyond the range)"
+    beyond = len(values) - len(inside)
+    span = f"{min(inside):.2f}" + (f"–{max(inside):.2f}" if max(inside) > min(inside) else "")
+    return f"{span} @ {depth}" + (f" ({beyond} of {len(values)} beyond the range)" if beyond else "")
+
+
+@pytest.mark.parametrize("path", ["README.md", "experiments/README.md"])
+def test_the_write_ups_detectable_differences_are_the_committed_claims_simulated_ones(path):
+    """Every claim row of the verdict tables that quotes a detectable difference quotes, per depth, the range of
+    the committed claims.md's simulated ones within the endpoint's range and how many lie beyond it."""
+    final = os.path.join(da_runs.ROOT, "experiments", "results", "depth_ablation_converged", "final")
+    rows = [[c.strip() for c in ln.split("|")[1:-1]]
+            for ln in open(os.path.join(da_runs.ROOT, path)).read().splitlines() if re.match(r"\| \d[ab]?\. ", ln)]
+    quoted = 0
+    for column, choice in ((1, "per_depth"), (2, "one_rate")):
+        claims = open(os.path.join(final, choice, "claims.md")).read()
+        assert "by simulation of Welch's test at the observed SDs (post hoc)" in claims
+        sections = dict(re.findall(r"^### Claim (\d[ab]?):.*?\n(.*?)(?=^### |\Z)", claims, re.M | re.S))
+        for row in rows:
+            if "detectable" not in row[column]:
+                continue
+            number = row[0].split(".")[0]
+            section = "".join(v for k, v in sections.items() if k == number or k[:-1] == number)
+            expected = f"detectable {_detectable_span(section, 48)}, {_detectable_span(section, 96)}"
+            assert expected in row[column], (path, choice, row[0], expected)
+            quoted += 1
+    assert quoted >= 8
+
+
 def test_the_committed_tables_are_what_the_committed_run_records_give(tmp_path):
     """Regenerating from ``experiments/results/depth_ablation/runs`` reproduces both protocols' tables (mean ± std,
     CI, Welch comparisons) and CSV."""
