@@ -5,7 +5,8 @@ Importing the package imports nothing else: the names below load on first use â€
 ``list_models`` from ``layerscale_jax.models`` (jax, flax), and the Python API for notebooks from
 ``layerscale_jax.api`` (``load_config``, ``override_config``, ``fit``, ``load_run``, ``evaluate``, ``diagnose``,
 ``example_batch``, ``Run``, ``TrainingInterrupted``), and ``compile_for`` from ``layerscale_jax.plan.compile_for``
-(a config's steps compiled for a TPU or GPU target on this machine: memory per chip, FLOPs, collectives, step-time range).
+(a config's steps compiled for a TPU or GPU target on this machine: memory per chip, FLOPs, collectives,
+step-time range).
 So ``python -m layerscale_jax.train`` installs its stop-signal handlers before jax is imported, and nothing imports
 TensorFlow, ml_collections, TFDS or grain before it is used.
 """

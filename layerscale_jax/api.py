@@ -154,11 +154,11 @@ def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *,
     ``--restart``: its files move to ``WORKDIR/previous/<time>/``).
 
     It prints what the command line prints (docs/python_api.md): the model and its parameter groups, the progress
-    (one line updated in place in a terminal or notebook), the results and where they are. Ctrl-C (or SIGTERM) stops at the next step boundary, saves a checkpoint (when
-    there is new state) and raises ``TrainingInterrupted`` naming the workdir; a second Ctrl-C stops at once. A
-    config stopped by ``train.stop_after_steps`` returns the unfinished ``Run`` (``run.finished`` is False). Errors
-    in the config or workdir raise the CLI's one-line messages (``ValueError``, ``UserError``,
-    ``workdir.WorkdirError``).
+    (one line updated in place in a terminal or notebook), the results and where they are. Ctrl-C (or SIGTERM)
+    stops at the next step boundary, saves a checkpoint (when there is new state) and raises
+    ``TrainingInterrupted`` naming the workdir; a second Ctrl-C stops at once. A config stopped by
+    ``train.stop_after_steps`` returns the unfinished ``Run`` (``run.finished`` is False). Errors in the config or
+    workdir raise the CLI's one-line messages (``ValueError``, ``UserError``, ``workdir.WorkdirError``).
     """
     from layerscale_jax.convert.workdir import workdir_checkpoint
     from layerscale_jax.train.loop import train_and_evaluate

@@ -58,5 +58,5 @@ def cloud_path_problem(path, field: str) -> str | None:
     problem = cloud_storage_problem()
     if problem is None:
         return None
-    return (f"{field}={os.fspath(path)}: {problem}; check the network (or HTTPS_PROXY) and the credentials (gcloud auth "
-            "application-default login)")
+    return (f"{field}={os.fspath(path)}: {problem}; check the network (or HTTPS_PROXY) and the credentials "
+            "(gcloud auth application-default login)")

@@ -87,8 +87,9 @@ def _define_flags(flag_values: flags.FlagValues) -> None:
     flags.DEFINE_string("compile_for", None, "Compile the train and eval steps for a target (v5e-256, v4-32, "
                         "2xv5e-256, 8xh100, v5e:16x16, ...) on this machine and report memory, FLOPs, collectives and "
                         "the step-time range; nothing runs, no --workdir or data needed.", flag_values=flag_values)
-    flags.DEFINE_bool("fit", False, "With --compile_for: search the per-chip batch, remat, scan and fsdp for the configs "
-                      "that fit, rank them by the step time's lower bound, print the fastest one's --config overrides.",
+    flags.DEFINE_bool("fit", False, "With --compile_for: search the per-chip batch, remat, scan and fsdp for the "
+                      "configs that fit, rank them by the step time's lower bound, print the fastest one's "
+                      "--config overrides.",
                       flag_values=flag_values)
     flags.DEFINE_bool("json", False, "With --compile_for: the report as one JSON object on the last line of stdout.",
                       flag_values=flag_values)
