@@ -224,6 +224,40 @@ def test_a_stop_signal_while_waiting_for_the_coordinator_ends_the_process(tmp_pa
                                             "to save"), err
 
 
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("process, signum", [(1, signal.SIGTERM), (0, signal.SIGINT)],
+                         ids=["sigterm_to_process_1", "ctrl_c_to_process_0"])
+def test_a_stop_signal_to_one_process_while_a_two_process_job_compiles_ends_both_at_once(tmp_path, process, signum):
+    """After the connect JAX's preemption notifier owns SIGTERM, and the loop asked for the notice only at its first
+    sync point, after the compile (issue 49: minutes). The watchers ask the coordination service while the job starts:
+    every process ends, the one that got the signal with its status, the other with 143 (a preemption notice)."""
+    port, workdir = str(free_port()), str(tmp_path / "run")
+    jobs = []
+    for rank in (0, 1):
+        slurm = {"SLURM_JOB_ID": "80", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "2",
+                 "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "JAX_COORDINATOR_PORT": port}
+        jobs.append(Job([sys.executable, "-c", PROGRAM, "jax.stages:Lowered.compile", f"--config={TINY}:steps=24",
+                         f"--workdir={workdir}", "--distributed"], env(**slurm)))
+    try:
+        for job in jobs:
+            job.wait_for(BLOCKED, timeout=600)
+        jobs[process].proc.send_signal(signum)
+        ended = [job.finish(timeout=AT_ONCE) for job in jobs]
+    finally:
+        for job in jobs:
+            if job.proc.poll() is None:
+                job.proc.kill()
+    statuses = [status for status, _, _ in ended]
+    assert statuses == [128 + signum if rank == process else 143 for rank in (0, 1)], ended
+    for status, out, err in ended:
+        lines = (out + err).strip().splitlines()
+        assert lines[-2:] == ["a stop notice reached the job while its train step compiled: every process stops "
+                              "at once", "stopped before step 1: nothing new to save"], lines
+        assert "Traceback" not in err
+    assert not os.path.exists(os.path.join(workdir, "lock.json"))      # released on the way out
+    assert not os.listdir(os.path.join(workdir, "checkpoints"))
+
+
 @pytest.mark.parametrize("value", ["0", "-3", "nan", "inf"])
 def test_a_bad_connect_timeout_is_one_error_line_naming_the_flag(tmp_path, value):
     from layerscale_jax.train.__main__ import main

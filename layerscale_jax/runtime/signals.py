@@ -14,9 +14,13 @@ a watcher thread, which XLA does not hold up (it releases the GIL), acts on it a
 - while the process waits for ``jax.distributed``'s connect (``connecting``): it gives up after the connect's
   timeout with one ``error:`` line (exit status 2); a stop signal ends it ``CONNECT_GRACE_SECONDS`` later unless the
   connect completes meanwhile (then the job stops at one point, as below);
-- once the first step may run (``phase`` "training", and in a multi-process job after the connect), the stop is the
-  loop's: at the next sync point, saving new state; ``watch(deadline=...)`` (``train.stop_deadline_seconds``) bounds
-  it: the watcher ends the process that long after the signal (the last sealed checkpoint stays the one to resume);
+- while a multi-process job compiles its train step (``compiling``), JAX's preemption notifier owns SIGTERM, so
+  the watcher asks the coordination service every ``NOTICE_POLL_SECONDS`` whether a notice reached any process (a
+  Ctrl-C here is handed to the notifier first): none has new state to save, so every process ends at once,
+  process 0 (it runs the coordination service) ``COORDINATOR_LAST_SECONDS`` after the others;
+- once the first step may run (``phase`` "training"), the stop is the loop's: at the next sync point, saving new
+  state; ``watch(deadline=...)`` (``train.stop_deadline_seconds``) bounds it: the watcher ends the process that
+  long after the signal (the last sealed checkpoint stays the one to resume);
 - a second stop signal, in any phase, ends the process at once without saving (exit 128 + its number).
 
 The watcher acts on a signal only while the handler installed for it is this object's (JAX's preemption notifier
@@ -34,9 +38,12 @@ import threading
 import time
 
 CONNECT_GRACE_SECONDS = 20.0      # a stop signal during the connect: how long the connect may still complete
+NOTICE_POLL_SECONDS = 0.5        # a multi-process job that is starting: how often the watcher asks for a notice
+COORDINATOR_LAST_SECONDS = 3.0    # ... and how much later process 0, which runs the coordination service, ends
 CLEANUP_SECONDS = 5.0             # the watcher's exit: how long the cleanups (the workdir lock's release) may take
 INTERRUPTED_MESSAGE = ("interrupted by a second Ctrl-C: stopped at once, without saving; rerun the command to resume "
                        "from the last checkpoint")
+NOTICE_WHILE_STARTING = "a stop notice reached the job while its train step compiled: every process stops at once"
 _RECOMPUTE = 0                    # a byte on the wakeup pipe that is no signal: the watcher's deadlines changed
 
 
@@ -83,6 +90,7 @@ class StopSignals:
         self._deadline = 0.0                      # train.stop_deadline_seconds (0: none)
         self.joins_job = False                    # the process will connect to a multi-process job (``watch``)
         self._before_exit: list = []              # callables the watcher runs before it ends the process
+        self._compiling = False                   # the train step compiles (``compiling``)
 
     def install(self) -> bool:
         """Handle the stop signals from now on (in the main thread only); False when already installed or not
@@ -221,12 +229,17 @@ class StopSignals:
         """Wait for a signal's number on the pipe or the next deadline, and act on it."""
         with self._lock:
             due = self._give_up_at
+            polls = self._compiling and _jax_sync_point_available()
         timeout = None if due is None else max(0.0, due[0] - time.monotonic())
+        if polls:
+            timeout = NOTICE_POLL_SECONDS if timeout is None else min(timeout, NOTICE_POLL_SECONDS)
         ready, _, _ = select.select([read], [], [], timeout)
         data = os.read(read, 512) if ready else b""
         for signum in data:
             if signum in (signal.SIGINT, signal.SIGTERM) and signal.getsignal(signum) == self._handle:
                 self._on_signal(signum)
+        if polls:
+            self._end_the_start_on_a_notice()
         with self._lock:
             due = self._give_up_at
             if due is not None and time.monotonic() >= due[0]:
@@ -266,6 +279,39 @@ class StopSignals:
                         f"{self._deadline:g} of the {name}; rerun the command to resume from the last checkpoint",
                         128 + signum)
 
+    @contextlib.contextmanager
+    def compiling(self):
+        """The train step compiles (the job is starting): in a multi-process job the watcher ends this process once a
+        stop notice reached any process (``_end_the_start_on_a_notice``). Only here: the restore before it has
+        collectives a peer's exit would break; a peer past its compile waits in ``stopped_before``'s, which ends
+        it too."""
+        with self._lock:
+            self._compiling = True
+        self._wake_watcher()                      # it polls from now on
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._compiling = False
+                ending = self._give_up_at is not None and self._give_up_at[1].startswith(NOTICE_WHILE_STARTING)
+            while ending:                         # the watcher ends the process (process 0: its peers first)
+                time.sleep(1.0)
+
+    def _end_the_start_on_a_notice(self) -> None:
+        """A multi-process job is starting (after the connect): once a stop notice reached any process (JAX's notifier
+        records it with the coordination service; a Ctrl-C here is handed to it), end this process: nothing new to
+        save anywhere, and every process sees the same notice."""
+        if self.received is not None:
+            self.pass_to_jax()
+        if _jax_preemption_notice() is None:
+            return
+        import jax
+        with self._lock:
+            if self._give_up_at is None and self._compiling:
+                last = COORDINATOR_LAST_SECONDS if jax.process_index() == 0 else 0.0
+                self._give_up_at = (time.monotonic() + last, f"{NOTICE_WHILE_STARTING}\n{self._stop_line}",
+                                    self.exit_status)
+
     @staticmethod
     def _say(line: str) -> None:
         os.write(2, (line + "\n").encode())
@@ -283,9 +329,10 @@ class StopSignals:
     def pass_to_jax(self) -> None:
         """Once ``jax.distributed`` runs its preemption notifier, hand it a stop signal received so far (call it
         right after ``jax.distributed.initialize``; ``reached_sync_point`` does too)."""
-        if self.received is not None and not self._passed_to_jax and _jax_sync_point_available():
-            self._passed_to_jax = True
-            signal.raise_signal(signal.SIGTERM)   # JAX's notifier owns SIGTERM now
+        with self._lock:                          # the watcher and the main thread both call it
+            if self.received is not None and not self._passed_to_jax and _jax_sync_point_available():
+                self._passed_to_jax = True
+                signal.raise_signal(signal.SIGTERM)   # JAX's notifier owns SIGTERM now
 
     def reached_sync_point(self, step: int) -> bool:
         """Whether every process stops before ``step`` (see the class docstring). Ask at every step, in order.
@@ -328,14 +375,26 @@ class StopSignals:
 
     def stopped_before(self, first_step: int) -> bool:
         """Whether every process stops before ``first_step``, the job's first step after restoring or creating
-        its state: a stop signal during start-up or restore. With JAX's sync point, asks about steps 1, 2, ...,
-        ``first_step`` in turn (each process's sequence of questions starts at 1 in a new job). From here on a
-        stop saves new state: the watcher leaves the stop to the loop (``phase`` "training")."""
+        its state: a stop signal during start-up, restore or the compile, at any process (``requested_anywhere``:
+        one that came during a long compile takes effect here, not a step later). With JAX's sync point, asks about
+        steps 1, 2, ..., ``first_step`` in turn (each process's sequence of questions starts at 1 in a new job). From
+        here on a stop saves new state: the watcher leaves the stop to the loop (``phase`` "training").
+
+        A peer whose watcher ended it while it started (``_end_the_start_on_a_notice``) leaves this process's
+        collective without a partner: this one ends too, with the same lines, before JAX's shutdown barrier (which
+        would abort, waiting for the peer)."""
         with self._lock:
             self.phase = "training"
         if _jax_sync_point_available():
-            return any(self.reached_sync_point(step) for step in range(1, first_step + 1))
-        return self.reached_sync_point(first_step)
+            stop = any(self.reached_sync_point(step) for step in range(1, first_step + 1))
+        else:
+            stop = self.reached_sync_point(first_step)
+        try:
+            return stop or self.requested_anywhere()
+        except Exception:
+            if not _distributed() or _jax_preemption_notice() is None:
+                raise
+            self._exit(self.exit_status, f"{NOTICE_WHILE_STARTING}\n{self._stop_line}")
 
 
 def _quietly(action) -> None:

@@ -282,10 +282,11 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary, go
     # The train step compiles here, before its first run: a stop signal during start-up, restore or this compile
     # (minutes for a large model on a pod) ends the job before that step, with nothing new to save.
     stop_signals.starting(f"stopped before step {start.step + 1}: nothing new to save")
-    trainer.train_step.lower(start.state, batches.first).compile()
+    with stop_signals.compiling():
+        trainer.train_step.lower(start.state, batches.first).compile()
     goodput.spent("compile")
     goodput.record()
-    if stop_signals.stopped_before(start.step + 1) or stop_signals.requested_anywhere():
+    if stop_signals.stopped_before(start.step + 1):
         batches.close()
         checkpointer.close()
         print(f"stopped before step {start.step + 1}: nothing new to save", flush=True)
