@@ -206,6 +206,11 @@ class Checkpointer:
         if jax.process_index() == 0:
             for source, target in finish_moves(self.directory / QUARANTINE_JOURNAL)[:1]:
                 log.warning("moving %s to %s (a quarantine) was interrupted; finished now", source, target)
+            if not is_url(self.directory) and self.directory.exists():
+                # orbax 0.12.8's cleanup_tmp_directories left <step>.orbax-checkpoint-tmp-<time> in place here.
+                import shutil
+                for temporary in self.directory.glob("*.orbax-checkpoint-tmp*"):
+                    shutil.rmtree(temporary, ignore_errors=True)
         _all_processes_ok(True)                     # before any process lists the steps
         self._set_aside_half_deleted_steps()
         self.manager = _Manager(self.directory, options=options)
