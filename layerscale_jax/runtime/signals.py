@@ -43,7 +43,7 @@ COORDINATOR_LAST_SECONDS = 3.0    # ... and how much later process 0, which runs
 CLEANUP_SECONDS = 5.0             # the watcher's exit: how long the cleanups (the workdir lock's release) may take
 INTERRUPTED_MESSAGE = ("interrupted by a second Ctrl-C: stopped at once, without saving; rerun the command to resume "
                        "from the last checkpoint")
-NOTICE_WHILE_STARTING = "a stop notice reached the job while its train step compiled: every process stops at once"
+NOTICE_WHILE_COMPILING = "a stop notice reached the job while its train step compiled: every process stops at once"
 _RECOMPUTE = 0                    # a byte on the wakeup pipe that is no signal: the watcher's deadlines changed
 
 
@@ -239,7 +239,7 @@ class StopSignals:
             if signum in (signal.SIGINT, signal.SIGTERM) and signal.getsignal(signum) == self._handle:
                 self._on_signal(signum)
         if polls:
-            self._end_the_start_on_a_notice()
+            self._end_the_compile_on_a_notice()
         with self._lock:
             due = self._give_up_at
             if due is not None and time.monotonic() >= due[0]:
@@ -282,7 +282,7 @@ class StopSignals:
     @contextlib.contextmanager
     def compiling(self):
         """The train step compiles (the job is starting): in a multi-process job the watcher ends this process once a
-        stop notice reached any process (``_end_the_start_on_a_notice``). Only here: the restore before it has
+        stop notice reached any process (``_end_the_compile_on_a_notice``). Only here: the restore before it has
         collectives a peer's exit would break; a peer past its compile waits in ``stopped_before``'s, which ends
         it too."""
         with self._lock:
@@ -293,11 +293,11 @@ class StopSignals:
         finally:
             with self._lock:
                 self._compiling = False
-                ending = self._give_up_at is not None and self._give_up_at[1].startswith(NOTICE_WHILE_STARTING)
+                ending = self._give_up_at is not None and self._give_up_at[1].startswith(NOTICE_WHILE_COMPILING)
             while ending:                         # the watcher ends the process (process 0: its peers first)
                 time.sleep(1.0)
 
-    def _end_the_start_on_a_notice(self) -> None:
+    def _end_the_compile_on_a_notice(self) -> None:
         """A multi-process job is starting (after the connect): once a stop notice reached any process (JAX's notifier
         records it with the coordination service; a Ctrl-C here is handed to it), end this process: nothing new to
         save anywhere, and every process sees the same notice."""
@@ -309,7 +309,7 @@ class StopSignals:
         with self._lock:
             if self._give_up_at is None and self._compiling:
                 last = COORDINATOR_LAST_SECONDS if jax.process_index() == 0 else 0.0
-                self._give_up_at = (time.monotonic() + last, f"{NOTICE_WHILE_STARTING}\n{self._stop_line}",
+                self._give_up_at = (time.monotonic() + last, f"{NOTICE_WHILE_COMPILING}\n{self._stop_line}",
                                     self.exit_status)
 
     @staticmethod
@@ -380,7 +380,7 @@ class StopSignals:
         steps 1, 2, ..., ``first_step`` in turn (each process's sequence of questions starts at 1 in a new job). From
         here on a stop saves new state: the watcher leaves the stop to the loop (``phase`` "training").
 
-        A peer whose watcher ended it while it started (``_end_the_start_on_a_notice``) leaves this process's
+        A peer whose watcher ended it while it started (``_end_the_compile_on_a_notice``) leaves this process's
         collective without a partner: this one ends too, with the same lines, before JAX's shutdown barrier (which
         would abort, waiting for the peer)."""
         with self._lock:
@@ -394,7 +394,7 @@ class StopSignals:
         except Exception:
             if not _distributed() or _jax_preemption_notice() is None:
                 raise
-            self._exit(self.exit_status, f"{NOTICE_WHILE_STARTING}\n{self._stop_line}")
+            self._exit(self.exit_status, f"{NOTICE_WHILE_COMPILING}\n{self._stop_line}")
 
 
 def _quietly(action) -> None:
