@@ -55,3 +55,29 @@ def test_a_run_whose_contenders_emit_different_batches_stops():
     with pytest.raises(SystemExit, match="different batches"):
         bench.same_output(runs)
     assert bench.same_output(runs[:1]) == ((2, 16, 16, 3), "uint8")
+
+
+def test_docs_like_for_like_table_is_the_committed_uint8_record():
+    """docs/data.md's "Measured here, uint8 out on both sides" table quotes the committed record: each side's median
+    and rounds (images per CPU-second) and their ratio, per path."""
+    import json
+    import re
+    from collections import defaultdict
+
+    with open(os.path.join(ROOT, "benchmarks", "results", "input_peer_cpu2-intel-xeon-processor_2026-12-06.json")) as f:
+        record = json.load(f)
+    assert {run["dtype"] for run in record["runs"]} == {"uint8"}
+    rounds = defaultdict(list)
+    for run in record["runs"]:
+        rounds[run["contender"]].append(run["images_per_cpu_s"])
+    with open(os.path.join(ROOT, "docs", "data.md")) as f:
+        text = f.read()
+    section = text[text.index("**Measured here, uint8 out on both sides**"):]
+    rows = re.findall(r"^\| [^|]+ \| (\d+) \(([\d, ]+)\) \| (\d+) \(([\d, ]+)\) \| \*\*([\d.]+)×\*\*", section, re.M)[:3]
+    assert len(rows) == len(PATHS)
+    for (ours_variant, peer_variant), (ours, ours_rounds, peer, peer_rounds, ratio) in zip(PATHS, rows):
+        mine, theirs = rounds[f"ours_{ours_variant}"], rounds[f"tfdata_{peer_variant}"]
+        assert [round(v) for v in mine] == [int(v) for v in ours_rounds.split(", ")]
+        assert [round(v) for v in theirs] == [int(v) for v in peer_rounds.split(", ")]
+        assert (round(np.median(mine)), round(np.median(theirs))) == (int(ours), int(peer))
+        assert f"{np.median(mine) / np.median(theirs):.2f}" == ratio
