@@ -157,6 +157,20 @@ def test_the_account_by_cause_with_a_clock(monkeypatch):
     assert summary["goodput"] == pytest.approx(2 / 7) and summary["badput"]["redone"] == pytest.approx(1.75 / 7)
 
 
+def test_the_distributed_connect_is_charged_apart_from_the_start_up(monkeypatch):
+    """The train command's connect (``connected``) comes out of the interval from the process's start to the entry;
+    a call from Python (no process start) charges neither."""
+    monkeypatch.setattr(goodput_lib.time, "time", lambda: 100.0)
+    monkeypatch.setattr(goodput_lib, "_connect_seconds", 0.0)
+    goodput_lib.connected(4.0)
+    monkeypatch.setattr(goodput_lib, "process_start_time", lambda: 90.0)
+    seconds = goodput_lib.Goodput(True).seconds
+    assert (seconds["startup"], seconds["connect"]) == (6.0, 4.0)
+    monkeypatch.setattr(goodput_lib, "process_start_time", lambda: None)
+    seconds = goodput_lib.Goodput(True).seconds
+    assert (seconds["startup"], seconds["connect"]) == (0.0, 0.0)
+
+
 def test_a_torn_last_line_is_skipped_and_each_attempt_counts_by_its_last_record(tmp_path):
     def record(attempt, step, final):
         return json.dumps({"attempt": attempt, "step": step, "start_step": 0, "final": final, "redone_steps": 0,

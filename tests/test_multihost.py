@@ -102,6 +102,9 @@ def test_processes_whose_rows_interleave_train_equal_to_one_process(one_process,
     assert_same_run(str(workdir), one_process)
     records = [json.loads(line) for line in (workdir / "goodput.jsonl").read_text().splitlines()]
     assert {r["attempt"] for r in records} == {1} and [r["final"] for r in records].count(True) == 1   # process 0's
+    end = next(r for r in records if r["final"])
+    assert end["seconds"]["connect"] > 0 and end["seconds"]["startup"] > 0     # the connect apart from the start-up
+    assert sum(end["seconds"].values()) == pytest.approx(end["wall_seconds"], abs=1e-6)
     assert results(workdir)["goodput"]["attempts"] == 1                                         # one account
     assert results(workdir)["test_examples"] == results(one_process)["test_examples"] == 40
     assert results(workdir)["test_accuracy"] == pytest.approx(results(one_process)["test_accuracy"], abs=1e-6)

@@ -35,6 +35,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 
 from layerscale_jax.runtime import reexec_with_fast_malloc, stop_signals
@@ -55,6 +56,7 @@ from ml_collections import config_flags  # noqa: E402
 from layerscale_jax.cli import run_cli  # noqa: E402
 from layerscale_jax.errors import UserError  # noqa: E402
 from layerscale_jax.paths import as_path  # noqa: E402
+from layerscale_jax.train import goodput  # noqa: E402
 from layerscale_jax.train.config import (CONFIG_FLAG, Experiment, check_override_paths, load_config,  # noqa: E402
                                          validate_experiment_config)
 from layerscale_jax.train.launch import (DEFAULT_CONNECT_TIMEOUT, accelerator_line, describe_connect,  # noqa: E402
@@ -212,8 +214,10 @@ def main(argv: list[str]) -> int:
                 print(f"waiting for {waiting_for}, at most {parsed.connect_timeout:g} s (--connect_timeout)",
                       flush=True)
                 # JAX's own timeout, which aborts the process with a trace, comes after the watcher's clean one.
+                connect_start = time.time()
                 jax.distributed.initialize(**launch.initialize_kwargs(),
                                            initialization_timeout=int(parsed.connect_timeout) + 60)
+                goodput.connected(time.time() - connect_start)
         except ValueError as err:            # JAX found no launcher to read the job from
             raise UserError(f"--distributed: {err} (no SLURM, torchrun-style, Open MPI, Kubernetes or Cloud TPU "
                             f"environment found{partial_torchrun(os.environ)}); pass --coordinator_address HOST:PORT "

@@ -5,9 +5,11 @@ TensorBoard (``WORKDIR/tensorboard/goodput``) and ``python -m layerscale_jax.tra
 An attempt's wall time is cut into consecutive intervals, each charged to one cause, so the causes sum to the wall
 time (to float rounding). The causes, with the ``BadputType`` of Google's ml-goodput-measurement each stands for:
 
-  startup      process start → the train entry (``train_and_evaluate``): the interpreter, imports, JAX's backend
-               and the distributed connect; only when the process is the train command (else 0: a call from a
-               notebook starts its attempt at the call).                                   TPU_INITIALIZATION
+  startup      process start → the train entry (``train_and_evaluate``): the interpreter, imports and JAX's
+               backend, less the distributed connect; only when the process is the train command (else 0: a call
+               from a notebook starts its attempt at the call).                            TPU_INITIALIZATION
+  connect      the distributed connect of a multi-process job (``jax.distributed.initialize``: waiting for every
+               process to reach the coordinator), timed by the train command.              TPU_INITIALIZATION
   setup        the workdir's checks, mesh, model, optimizer, the input pipeline and a new state.  TRAINING_PREP
   restore      reading the checkpoint a resume starts from.                   UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME
   compile      compiling the train step before the first step.                                 PROGRAM_STARTUP
@@ -45,14 +47,15 @@ import time
 from layerscale_jax.paths import as_path, is_url
 
 FILE = "goodput.jsonl"
-CAUSES = ("startup", "setup", "restore", "compile", "input_wait", "productive", "redone", "evaluation",
+CAUSES = ("startup", "connect", "setup", "restore", "compile", "input_wait", "productive", "redone", "evaluation",
           "checkpoint", "other")
 BADPUT = tuple(c for c in CAUSES if c != "productive")
-ML_GOODPUT = {"startup": "TPU_INITIALIZATION", "setup": "TRAINING_PREP", "restore":
+ML_GOODPUT = {"startup": "TPU_INITIALIZATION", "connect": "TPU_INITIALIZATION", "setup": "TRAINING_PREP", "restore":
               "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME", "compile": "PROGRAM_STARTUP", "input_wait": "DATA_LOADING_SYNC",
               "redone": "WASTED_PROGRESS_FROM_DISRUPTION", "evaluation": "CUSTOM_BADPUT_EVENTS",
               "checkpoint": "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME", "other": "OTHER"}
 log = logging.getLogger(__name__)
+_connect_seconds = 0.0     # this process's distributed connect, set by the train command (``connected``)
 BUCKET_WRITE_SECS = 10     # on an object store (gs://) the file is rewritten whole, at most this often (and at the end)
 
 
@@ -69,6 +72,12 @@ def process_start_time() -> float | None:
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
+
+
+def connected(seconds: float) -> None:
+    """The train command's distributed connect took ``seconds``: charged to ``connect``, not ``startup``."""
+    global _connect_seconds
+    _connect_seconds = seconds
 
 
 def read_attempts(path) -> list[dict]:
@@ -118,7 +127,9 @@ class Goodput:
         self.started = started if started is not None and started <= now else now
         self.mark = now
         self.seconds = dict.fromkeys(CAUSES, 0.0)
-        self.seconds["startup"] = now - self.started
+        connect = _connect_seconds if started is not None else 0.0      # within startup's interval only
+        self.seconds["connect"] = min(connect, now - self.started)
+        self.seconds["startup"] = now - self.started - self.seconds["connect"]
         self.path = None
         self.step = self.start_step = 0
         self.reached = 0                  # the highest step earlier attempts trained
