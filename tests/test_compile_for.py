@@ -308,6 +308,11 @@ def test_the_docs_recipe_table_is_the_one_the_committed_compiles_give():
         assert results[-1] in text and record["cpu"] in text, page
     oversize = next(r for r in record["rows"] if r["id"] == recipes.OVERSIZE.id)
     assert not oversize["fits"] and "does not fit v5e-16" in oversize["error"]
+    with open(os.path.join(ROOT, "docs", "multihost.md")) as f:
+        multihost = f.read()
+    assert "\n" + oversize["error"].removeprefix("error: ") in multihost.replace("\nerror: ", "\n")   # "Won't fit"
+    for recipe in recipes.RECIPES + (recipes.OVERSIZE,):
+        assert f"`{recipe.command}`" in multihost, recipe.id                           # the recipe table's commands
 
 
 def test_fit_tries_more_fsdp_only_where_it_is_another_mesh_on_the_target():
