@@ -7,6 +7,10 @@ checkpoint, so a resumed run finds every record up to its step, and when the run
 so the loop thread never waits for storage between checkpoints. On a local disk the thread appends the new lines as
 they come; on an object store (``gs://``), where an object cannot be appended to, it writes the whole log as one
 object (kept in memory), at most every ``FLUSH_SECS``: GCS accepts about one write per second to an object.
+
+Written here rather than by clu's metric writers or tqdm: the log is cut back to a checkpoint's step on a resume
+(``workdir.truncate_metrics``) and rewritten whole on a bucket, which append-only summary writers do not do, and the
+console line is the same record as ``metrics.jsonl``'s, printed as one line per window when stderr is not a terminal.
 """
 from __future__ import annotations
 
