@@ -31,7 +31,7 @@ import math
 import os
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cait_claims  # noqa: E402  (Welch / Fisher per comparison, Holm per family, the outcome rule)
@@ -252,18 +252,33 @@ def formula_detectable(result: cait_claims.ClaimResult) -> list[tuple[float, flo
     return [cait_claims.detectable(c.spread, tests, ALPHA) for c in result.comparisons if c.spread]
 
 
-def endpoint_range(records: Sequence[dict], endpoint: str) -> float:
-    """The largest difference of means an endpoint can show: for the window, ``len(RATES) − 1`` = 4 rates when
-    every seed has a run that did not diverge (then 1 ≤ W ≤ 5; W = 0 only when all of a seed's runs diverged,
-    ``len(RATES)`` then); for an accuracy, 100 points."""
-    if endpoint != "window":
-        return 100.0
+def window_range(records: Sequence[dict]) -> int:
+    """The largest difference of means the window endpoint can show: ``len(RATES) − 1`` = 4 rates when every seed
+    has a run that did not diverge (then 1 ≤ W ≤ 5; W = 0 only when all of a seed's runs diverged, ``len(RATES)``
+    then)."""
     return len(RATES) - (1 if all(w >= 1 for w in windows(records).values()) else 0)
 
 
-def detectable_text(limit: float):
-    """``text(comparison)``: its detectable differences (α/m / α), each beyond ``limit`` (``endpoint_range``)
-    written as "not detectable within the endpoint's range" rather than a difference the endpoint cannot show."""
+def endpoint_range(records: Sequence[dict], endpoint: str) -> Callable[[cait_claims.Comparison], float]:
+    """``limit(comparison)``: the largest difference of means a comparison of ``endpoint`` can show in the claimed
+    direction. The window: ``window_range``, the same for every comparison. An accuracy (%):
+    ``cait_claims.accuracy_headroom``, 100 minus the claimed-worse column's mean, as in the depth ablation's
+    claims.md — LayerScale cannot be ahead by more than the other column has left to 100%."""
+    if endpoint != "window":
+        return cait_claims.accuracy_headroom
+    limit = window_range(records)
+    return lambda c: limit
+
+
+def detectable_text(records: Sequence[dict], endpoint: str) -> Callable[[cait_claims.Comparison], str]:
+    """``text(comparison)``: its detectable differences (α/m / α), each beyond ``endpoint_range`` written as "not
+    detectable within the endpoint's range" rather than a difference the endpoint cannot show. An accuracy's as
+    claims.md writes them (``cait_claims.detectable_cell``: then "(range r)", r that comparison's headroom); the
+    window's without the range, ``window_range`` for every comparison, stated in the report's limits section."""
+    if endpoint != "window":
+        return cait_claims.detectable_cell
+    limit = window_range(records)
+
     def text(c: cait_claims.Comparison) -> str:
         if not c.detectable:
             return "–"
@@ -274,12 +289,13 @@ def detectable_text(limit: float):
 OUT_OF_RANGE = cait_claims.OUT_OF_RANGE
 
 
-def detectable_span(result: cait_claims.ClaimResult, limit: float) -> tuple[str, int, int]:
+def detectable_span(result: cait_claims.ClaimResult, limit: Callable[[cait_claims.Comparison], float]
+                    ) -> tuple[str, int, int]:
     """``("a–b", k, n)``: the range of an endpoint's detectable differences (both levels, every comparison) that
-    lie within ``limit`` (``endpoint_range``), and how many of all ``n`` lie beyond it."""
-    values = [x for c in result.comparisons if c.detectable for x in c.detectable]
-    inside = [x for x in values if x <= limit]
-    span = f"{min(inside):.2f}–{max(inside):.2f}" if inside else "none"
+    lie within their comparison's ``limit`` (``endpoint_range``), and how many of all ``n`` lie beyond it."""
+    values = [(x, limit(c)) for c in result.comparisons if c.detectable for x in c.detectable]
+    inside = [x for x, most in values if x <= most]
+    span = (f"{min(inside):.2f}" + (f"–{max(inside):.2f}" if max(inside) > min(inside) else "")) if inside else "none"
     return span, len(values) - len(inside), len(values)
 
 
@@ -299,9 +315,9 @@ def best_accuracy(records: Sequence[dict], depth: int = DEEP) -> float:
 # ---------------------------------------------------------------------------------------------------------------
 # The report
 # ---------------------------------------------------------------------------------------------------------------
-def _comparison_rows(result: cait_claims.ClaimResult, values, limit: float) -> list[list[str]]:
+def _comparison_rows(result: cait_claims.ClaimResult, values, detectable) -> list[list[str]]:
     rows = [[cait_claims._cell_name(c.worse), values(c.better), values(c.worse)]
-            + cait_claims.comparison_cells(c, detectable_text(limit)) for c in result.comparisons]
+            + cait_claims.comparison_cells(c, detectable) for c in result.comparisons]
     rows += [[cait_claims._cell_name(b), "–", "–", "no runs", "–", "–", "–", "–", "–", "–", "–", "not tested"]
              for _, b in result.missing]
     return rows
@@ -349,7 +365,7 @@ def limits_section(records: Sequence[dict], analyses) -> str:
     accuracy = best_accuracy(records)
     low, high = simulation_excess(analyses)
     window = [x for c in analyses["window"][0].comparisons if c.detectable for x in c.detectable]
-    limit = endpoint_range(records, "window")
+    limit = window_range(records)
     beyond = sum(x > limit for x in window)
     return (f"\n## Limits of the window endpoint (post hoc)\n\nWritten after the runs; the pre-registered "
             f"decision above is unchanged.\n\n"
@@ -384,7 +400,10 @@ def write_report(out: str = OUT, command: str = "python experiments/rate_window.
              f"`cait_claims.simulated_detectable`): the difference Welch's test detects with {POWER:.0%} "
              f"probability at the comparison's observed SDs and seeds, at Holm's strictest level α/m and at α, by "
              f"simulating the test ({SIMULATION_DRAWS:,} seeded draws) rather than by the formula that takes the "
-             f"SDs as known; one beyond what the endpoint can show is \"{OUT_OF_RANGE}\". The limits of the "
+             f"SDs as known; one beyond what the comparison can show in the claimed direction — for the window "
+             f"the {window_range(records)} rates two windows can differ by, for an accuracy 100 minus the other "
+             f"column's mean, as no run scores above 100% (`cait_claims.accuracy_headroom`, as in the depth "
+             f"ablation's claims.md) — is \"{OUT_OF_RANGE}\", an accuracy's with that range. The limits of the "
              f"window endpoint are [below](#limits-of-the-window-endpoint-post-hoc).\n\n"
              f"![Each run's validation accuracy below its seed's best, per column, rate and depth; the window is the "
              f"band within {WINDOW_POINTS:g} point](window.png)\n"]
@@ -394,9 +413,9 @@ def write_report(out: str = OUT, command: str = "python experiments/rate_window.
         header = ["LayerScale vs", "LayerScale per seed", "column per seed", "converged/runs",
                   "difference [95% CI]", "Welch t", "df", "p", "p (Holm)", "diverged (Fisher)",
                   f"detectable, {POWER:.0%} power (α/m / α)", "outcome"]
-        limit = endpoint_range(records, endpoint)
+        rows = _comparison_rows(result, _seed_values(records, endpoint), detectable_text(records, endpoint))
         parts.append(f"\n## Endpoint: {endpoint} — {status}\n\n{result.claim.statement}.\n\n"
-                     + sweep.markdown_table(header, _comparison_rows(result, _seed_values(records, endpoint), limit)))
+                     + sweep.markdown_table(header, rows))
     parts.append(limits_section(records, analyses))
     for depth in (DEEP, SHALLOW):
         parts.append(f"\n## Depth {depth}: validation accuracy (%) of every run, seeds {', '.join(map(str, SEEDS))} "

@@ -154,6 +154,33 @@ def test_the_accuracy_endpoints_compare_each_shared_rate_and_count_divergence_ap
     assert at_1e2[("none", True)].accuracy.t == pytest.approx(10 / math.sqrt(2 / 3))
 
 
+@pytest.mark.slow
+def test_an_accuracy_endpoints_detectable_difference_is_capped_at_the_other_columns_headroom_as_in_claims(tmp_path):
+    """An accuracy endpoint's detectable difference beyond 100 − the other column's mean (what LayerScale can be
+    ahead by; ``cait_claims.accuracy_headroom``) is written as not detectable within the endpoint's range with that
+    range, as claims.md writes it, not capped at 100."""
+    records = _all({})
+    for r in records:
+        if (r["scheme"], r["depth"], r["learning_rate"]) == ("layerscale", 48, 1e-2):
+            r["final_val_accuracy"] = (280 + r["seed"] - 6) / 285     # 279, 280, 281 images
+        if (r["scheme"], r["depth"], r["learning_rate"]) == ("none", 48, 1e-2):
+            r["final_val_accuracy"] = (284 + r["seed"] - 6) / 285     # 283, 284, 285: 0.35 points left to 100%
+    os.makedirs(tmp_path / "runs")
+    for r in records:
+        rw.sweep.write_json_atomically(rw.sweep.record_path(str(tmp_path), r["run_id"]), r)
+    result, _ = rw.analyse(records)["accuracy at 0.01"]
+    none = {c.worse[:2]: c for c in result.comparisons}[("none", True)]
+    headroom = 100 - 100 * 284 / 285
+    assert rw.cait_claims.accuracy_headroom(none) == pytest.approx(headroom)
+    assert min(none.detectable) > headroom                       # both levels: beyond what the comparison can show
+    assert rw.detectable_span(result, rw.endpoint_range(records, "accuracy at 0.01"))[1:] == (
+        sum(x > rw.cait_claims.accuracy_headroom(c) for c in result.comparisons for x in c.detectable), 14)
+    text = rw.write_report(str(tmp_path), command="pytest")
+    section = text[text.index("## Endpoint: accuracy at 0.01"):text.index("## Endpoint: accuracy at 0.02")]
+    row = next(line for line in section.splitlines() if line.startswith("| `none` @ 48 |"))
+    assert row.endswith(f"| {rw.OUT_OF_RANGE} / {rw.OUT_OF_RANGE} (range {headroom:.2f}) | not resolved |")
+
+
 def test_the_decision_waits_for_every_depth_48_run_of_an_endpoint():
     records = [r for r in _all({}) if not (r["depth"] == 48 and r["seed"] == 7 and r["learning_rate"] == 5e-2)]
     results = rw.analyse(records)
@@ -216,8 +243,8 @@ def test_the_window_can_differ_by_four_rates_when_every_seed_has_a_run_and_a_uni
     poor = [_run(rate=r, correct=150) for r in rw.RATES]                      # 52.6% at every rate
     assert rw.window_size(poor) == len(rw.RATES)
     records = _all({})
-    assert rw.endpoint_range(records, "window") == len(rw.RATES) - 1 == 4
-    assert rw.endpoint_range(records, "accuracy at 0.01") == 100
+    assert rw.window_range(records) == rw.endpoint_range(records, "window")(None) == len(rw.RATES) - 1 == 4
+    assert rw.endpoint_range(records, "accuracy at 0.01") is rw.cait_claims.accuracy_headroom    # as claims.md
     assert rw.binomial_se_points(0.98) == pytest.approx(100 * math.sqrt(0.98 * 0.02 / 285))   # 0.83 points
 
 
@@ -262,6 +289,9 @@ def test_the_committed_report_is_what_the_committed_records_give(tmp_path):
     assert {r["run_id"] for r in rw.finished_records()} <= {s.run_id for s in rw.specs()}
 
 
+SHARED_LABELS = {"accuracy at 0.01": "1e-2", "accuracy at 0.02": "2e-2"}   # the write-ups' names of the rates
+
+
 def _section(text: str, start: str, end: str) -> str:
     """The text from ``start`` up to ``end``, whitespace collapsed and the typographic minus made ASCII."""
     part = text[text.index(start):]
@@ -294,9 +324,16 @@ def test_the_write_ups_quote_the_decided_report():
         span = f"{min(differences):+.2f} … {max(differences):+.2f}"
         for name, text in (("README.md", readme), ("experiments/README.md", experiments)):
             assert f"**{result.verdict}**" in text and span in text, (name, endpoint, span)
-        inside, beyond, count = rw.detectable_span(result, rw.endpoint_range(records, endpoint))
-        assert inside in experiments, endpoint
-        assert not beyond or f"{beyond} of {count} not detectable within the endpoint's range" in experiments
+        limit = rw.endpoint_range(records, endpoint)
+        inside, beyond, count = rw.detectable_span(result, limit)
+        ranges = [limit(c) for c in result.comparisons if c.detectable and max(c.detectable) > limit(c)]
+        unit = "rates" if endpoint == "window" else "points"
+        cell = f"{inside} {unit}" if inside != "none" else "none within the range"
+        if beyond:
+            span = f"{min(ranges):.2f}–{max(ranges):.2f}" if max(ranges) > min(ranges) else f"{ranges[0]:g}"
+            cell += f"; {beyond} of {count} not detectable within the endpoint's range ({span} {unit})"
+        label = "window W" if endpoint == "window" else f"accuracy at {SHARED_LABELS[endpoint]}"
+        assert re.search(rf"\| {re.escape(label)} [^|]*\|.*?\| {re.escape(cell)} \|", experiments), (endpoint, cell)
     number = r"([+-]?\d+\.\d+)"
     for text in (readme, experiments):
         quoted = {tuple(map(float, m)) for m in re.findall(rf"{number} \[{number}, {number}\]", text)}
