@@ -24,10 +24,14 @@ class _OrbaxErrorsOnOneLine(logging.Filter):
     their message, on one line, without the traceback. Once a save has failed, asyncio's "Task (or
     _GatheringFuture) exception was never retrieved" for each of orbax's abandoned write tasks (one per array,
     reported when they are collected, often at exit, after the error line) is dropped: it repeats the failure
-    already reported."""
+    already reported. An interrupt is no failure: orbax logs a ``KeyboardInterrupt`` (a second Ctrl-C in ``fit``,
+    which has no watcher) that ends its wait for a save as "Save Finalize thread (save_finalize) failed."; that
+    record is dropped, and the interrupt goes on up (issue 49)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR and "orbax" in f"{record.pathname} {record.getMessage()}":
+            if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+                return False
             if record.name == "asyncio" and "exception was never retrieved" in record.getMessage().split("\n")[0]:
                 if _save_failed.is_set():
                     return False

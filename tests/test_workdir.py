@@ -1,6 +1,7 @@
 """Faults around a workdir, each injected: a finished run re-run, a workdir of another config, corrupt checkpoints,
 a failed save, a second job, a killed run's extra metric records, a non-finite update; epath (gs://) workdirs."""
 import json
+import logging
 import os
 import re
 import shutil
@@ -625,6 +626,32 @@ def test_orbax_write_tasks_abandoned_by_a_failed_save_do_not_report_after_the_er
         asyncio_logger.error(never_retrieved)
         asyncio_logger.error(never_retrieved.replace("_GatheringFuture", "Task"))
     assert len(caplog.records) == 1
+
+
+@pytest.mark.slow
+def test_an_interrupt_of_orbaxs_wait_for_a_save_is_not_logged_as_a_failed_save(tmp_path, monkeypatch, caplog):
+    """Issue 49 item 5: a second Ctrl-C that interrupts orbax's wait for a save (``fit``'s ``KeyboardInterrupt``; the
+    command line's watcher raises none) was logged as ``ERROR:absl:[process=0][thread=MainThread][step=1]
+    [wait_until_finished] Save Finalize thread (save_finalize) failed.`` before it went on up. The save itself
+    completes; a later wait finds it."""
+    from orbax.checkpoint import checkpoint_manager
+    checkpointer = Checkpointer(tmp_path / "checkpoints", keep=2)
+    sealed, release = checkpointer._finalized, threading.Event()
+    checkpointer._finalized = lambda: (release.wait(60), sealed())       # the save is in flight while orbax waits
+    checkpointer.save(1, {"params": {"w": jnp.ones(4)}}, {"next_batch": 0, "offset": 0}, {})
+
+    def interrupted(thread, *args, **kwargs):
+        raise KeyboardInterrupt                                             # Ctrl-C: its handler raises here
+
+    join = checkpoint_manager._FinalizeThread.join
+    monkeypatch.setattr(checkpoint_manager._FinalizeThread, "join", interrupted)
+    with caplog.at_level("ERROR"), pytest.raises(KeyboardInterrupt):
+        checkpointer.wait()
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text
+    monkeypatch.setattr(checkpoint_manager._FinalizeThread, "join", join)
+    release.set()
+    checkpointer.close()
+    assert checkpointer.latest_step() == checkpointer.last_complete == 1
 
 
 def closed_loop_error():

@@ -49,7 +49,8 @@ _RECOMPUTE = 0                    # a byte on the wakeup pipe that is no signal:
 
 class StopSignals:
     """SIGTERM (a scheduler's preemption notice) and SIGINT (Ctrl-C) ask the job to stop; a second Ctrl-C raises
-    ``KeyboardInterrupt`` at once (with the watcher, ``watch``, it ends the process at once). Python drops an
+    ``KeyboardInterrupt`` at once (in a process that ``watch``es, a command-line job, it ends the process at once,
+    from the watcher or, when another library took the wakeup fd, from the handler). Python drops an
     exception raised where it cannot propagate (a garbage-collector callback such as JAX's ``_xla_gc_callback``, a
     ``__del__``, a weakref callback: "Exception ignored in ..."); a second Ctrl-C that landed there raises again at
     the next sync point.
@@ -128,6 +129,12 @@ class StopSignals:
         name = signal.Signals(signum).name
         if self.received is not None and signum == signal.SIGINT:
             self._interrupted = True
+            if self._watcher is not None:
+                # A command-line job whose watcher did not get this Ctrl-C (another library took the wakeup fd, as an
+                # asyncio event loop that handles a signal does) ends here, as the watcher ends it. A
+                # KeyboardInterrupt would unwind through whatever the main thread is in: orbax logs one that
+                # interrupts its wait for a save ("ERROR:absl:... Save Finalize thread (save_finalize) failed.").
+                self._exit(128 + signum, INTERRUPTED_MESSAGE)
             raise KeyboardInterrupt
         if self.received is None:
             self.received, self.received_at = name, time.time()
