@@ -200,12 +200,9 @@ def detectable(spread: tuple[float, float, int, int], tests: int, alpha: float =
             sweep.detectable_difference(*spread, alpha, power))
 
 
-def simulated_power(delta: float, spread: tuple[float, float, int, int], alpha: float, draws: int = SIMULATION_DRAWS,
-                    seed: int = 0) -> float:
-    """The share of ``draws`` simulated pairs of samples — ``n_a`` values ~ N(δ, s_a²) against ``n_b`` ~ N(0, s_b²),
-    ``spread = (s_a, s_b, n_a, n_b)`` — in which Welch's two-sided test rejects at ``alpha``: reject when
-    ``|x̄_a − x̄_b| > t_{1−α/2, ν̂} · √(ŝ_a²/n_a + ŝ_b²/n_b)``, ν̂ and ŝ from each draw (Welch–Satterthwaite).
-    Seeded (``seed``): the same draws for every δ, so power is compared on common random numbers."""
+def _welch_draws(spread: tuple[float, float, int, int], alpha: float, draws: int, seed: int):
+    """``(mean_a, mean_b, critical)`` per draw at δ = 0 (``simulated_power``'s draws): a δ shifts ``mean_a`` only, so
+    one set serves every δ of a search."""
     import numpy as np
     from scipy import stats
 
@@ -215,20 +212,39 @@ def simulated_power(delta: float, spread: tuple[float, float, int, int], alpha: 
     va, vb = a.var(axis=1, ddof=1) / n_a, b.var(axis=1, ddof=1) / n_b
     dof = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
     critical = stats.t.ppf(1 - alpha / 2, dof) * np.sqrt(va + vb)
-    return float(np.mean(np.abs(delta + a.mean(axis=1) - b.mean(axis=1)) > critical))
+    return a.mean(axis=1), b.mean(axis=1), critical
+
+
+def _rejected_share(delta: float, welch_draws) -> float:
+    import numpy as np
+
+    mean_a, mean_b, critical = welch_draws
+    return float(np.mean(np.abs(delta + mean_a - mean_b) > critical))
+
+
+def simulated_power(delta: float, spread: tuple[float, float, int, int], alpha: float, draws: int = SIMULATION_DRAWS,
+                    seed: int = 0) -> float:
+    """The share of ``draws`` simulated pairs of samples — ``n_a`` values ~ N(δ, s_a²) against ``n_b`` ~ N(0, s_b²),
+    ``spread = (s_a, s_b, n_a, n_b)`` — in which Welch's two-sided test rejects at ``alpha``: reject when
+    ``|x̄_a − x̄_b| > t_{1−α/2, ν̂} · √(ŝ_a²/n_a + ŝ_b²/n_b)``, ν̂ and ŝ from each draw (Welch–Satterthwaite).
+    Seeded (``seed``): the same draws for every δ, so power is compared on common random numbers."""
+    return _rejected_share(delta, _welch_draws(spread, alpha, draws, seed))
 
 
 def simulated_detectable(spread: tuple[float, float, int, int], alpha: float, power: float = POWER,
                          draws: int = SIMULATION_DRAWS, seed: int = 0) -> float:
     """The smallest difference of means δ with ``simulated_power(δ) ≥ power`` (bisection to 0.001 points between
     0 and 100 formula-sized steps, ``sweep.detectable_difference``): the detectable difference without the
-    formula's assumption that the SDs are known, which makes it optimistic at a few seeds. 0 when both SDs are 0."""
+    formula's assumption that the SDs are known, which makes it optimistic at a few seeds. 0 when both SDs are 0.
+    The draws are made once and shared by every δ the bisection tries (the same numbers ``simulated_power`` draws
+    for each)."""
     if spread[0] == spread[1] == 0:
         return 0.0
+    welch_draws = _welch_draws(spread, alpha, draws, seed)
     low, high = 0.0, 100 * sweep.detectable_difference(*spread, alpha, power)
     while high - low > 1e-3:
         middle = (low + high) / 2
-        low, high = (low, middle) if simulated_power(middle, spread, alpha, draws, seed) >= power else (middle, high)
+        low, high = (low, middle) if _rejected_share(middle, welch_draws) >= power else (middle, high)
     return high
 
 

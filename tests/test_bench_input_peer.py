@@ -29,6 +29,7 @@ def first_batch(build, variant, emit):
         close()
 
 
+@pytest.mark.slow  # TensorFlow (tf.data's side): about 5 s of CPU to import
 @pytest.mark.parametrize("ours_variant,peer_variant", PATHS)
 def test_both_sides_emit_the_same_uint8_batch(ours_variant, peer_variant):
     bench = load_bench()
@@ -39,6 +40,7 @@ def test_both_sides_emit_the_same_uint8_batch(ours_variant, peer_variant):
     assert peer.max() - peer.min() > 16 and ours.max() - ours.min() > 16
 
 
+@pytest.mark.slow
 def test_with_emit_float32_both_sides_normalise():
     bench = load_bench()
     ours = first_batch(bench.ours, "bilinear_threads", "float32")
@@ -73,7 +75,8 @@ def test_docs_like_for_like_table_is_the_committed_uint8_record():
     with open(os.path.join(ROOT, "docs", "data.md")) as f:
         text = f.read()
     section = text[text.index("**Measured here, uint8 out on both sides**"):]
-    rows = re.findall(r"^\| [^|]+ \| (\d+) \(([\d, ]+)\) \| (\d+) \(([\d, ]+)\) \| \*\*([\d.]+)×\*\*", section, re.M)[:3]
+    rows = re.findall(r"^\| [^|]+ \| (\d+) \(([\d, ]+)\) \| (\d+) \(([\d, ]+)\) \| \*\*([\d.]+)×\*\*", section,
+                      re.M)[:3]
     assert len(rows) == len(PATHS)
     for (ours_variant, peer_variant), (ours, ours_rounds, peer, peer_rounds, ratio) in zip(PATHS, rows):
         mine, theirs = rounds[f"ours_{ours_variant}"], rounds[f"tfdata_{peer_variant}"]

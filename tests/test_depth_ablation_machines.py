@@ -1,5 +1,6 @@
 """The depth ablation's machine confound (experiments/depth_ablation_machines.py) and the write-ups' statements
 that rest on records: the confound, the convergence rule's date, claim 3's corrected interval and claim 1's mark."""
+import functools
 import os
 import re
 import sys
@@ -52,8 +53,14 @@ def test_one_model_under_two_names_gives_its_seed_by_seed_drift_and_the_kinds_of
     assert "depths 6 only on AMD EPYC, family 25 model 1" in note and "-1.00 … +1.00 seed by seed" in note
 
 
+@functools.cache
+def _committed_final_records() -> list[dict]:
+    """The committed final records (17 MB of JSON), read once: the tests here only read them."""
+    return da_runs.load_records(FINAL)
+
+
 def _final(which):
-    records = da_runs.load_records(FINAL)
+    records = _committed_final_records()
     return da_protocol.final_records(records, da_protocol.load_rates(da_protocol.CONVERGED_OUT), which)
 
 

@@ -191,21 +191,23 @@ def test_the_write_ups_quote_the_registered_numbers():
     import statistics
 
     import sweep
-    result = pilot.spread(sweep.load_records(pilot.OUT))
+    records = sweep.load_records(pilot.OUT)
+    result = pilot.spread(records)
     root = study.m1.ROOT
-    size = pilot.size_choice(sweep.load_records(pilot.OUT))["sizes"][study.NUM_TRAIN][1]
+    size = pilot.size_choice(records)["sizes"][study.NUM_TRAIN][1]
+    deep = result["per_depth"][study.DEEP]["values"]
+    quotes = (f"{size:.1f}% validation", f"{statistics.mean(deep['layerscale'].values()):.1f}%",
+              f"{statistics.mean(deep['none'].values()):.1f}%",
+              f"{study.PILOT_SD_BY_DEPTH[study.SHALLOW]:.2f} points at depth 6",
+              f"{study.PILOT_SD_BY_DEPTH[study.DEEP]:.2f} at 48", f"{study.PILOT_RULE_SEEDS} seeds",
+              f"{study.NUM_SEEDS} blocks",
+              f"{study.detectable(study.PILOT_SD_BY_DEPTH[study.DEEP]):.2f} points",
+              f"{study.detectable(study.PILOT_SD_BY_DEPTH[study.SHALLOW], 2):.2f} at depth 6",
+              f"{study.detectable(study.ASSUMED_DEEP_PAIR_SD):.2f} for LayerScale")
     for name in ("README.md", os.path.join("experiments", "README.md")):
         with open(os.path.join(root, name)) as f:
             text = f.read()
-        deep = result["per_depth"][study.DEEP]["values"]
-        for quoted in (f"{size:.1f}% validation", f"{statistics.mean(deep['layerscale'].values()):.1f}%",
-                       f"{statistics.mean(deep['none'].values()):.1f}%",
-                       f"{study.PILOT_SD_BY_DEPTH[study.SHALLOW]:.2f} points at depth 6",
-                       f"{study.PILOT_SD_BY_DEPTH[study.DEEP]:.2f} at 48", f"{study.PILOT_RULE_SEEDS} seeds",
-                       f"{study.NUM_SEEDS} blocks",
-                       f"{study.detectable(study.PILOT_SD_BY_DEPTH[study.DEEP]):.2f} points",
-                       f"{study.detectable(study.PILOT_SD_BY_DEPTH[study.SHALLOW], 2):.2f} at depth 6",
-                       f"{study.detectable(study.ASSUMED_DEEP_PAIR_SD):.2f} for LayerScale"):
+        for quoted in quotes:
             assert quoted in text, (name, quoted)
 
 

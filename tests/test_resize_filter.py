@@ -6,6 +6,8 @@ path before). 'bilinear' is big_vision's inception crop after its window is draw
 centres, clamped at the crop's edges), cast back to uint8 (truncated). Checked against a hand computation, a float64
 numpy reference written here, and big_vision's ops run one by one on the same window; a truncated JPEG stays a bad
 record even when the window lies above the cut, where `decode_and_crop_jpeg` alone accepts it.
+
+Every test that runs TensorFlow is marked slow (pytest.ini): importing it takes about 5 s of CPU.
 """
 
 import io
@@ -15,7 +17,6 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from PIL import Image
 
 from layerscale_jax import data
@@ -48,6 +49,7 @@ def truncates(ours, value, eps):
 
 def big_vision_crop(raw, window, size, channels=3):
     """big_vision's `decode_jpeg_and_inception_crop` for a given window, its ops run one by one (eagerly)."""
+    import tensorflow as tf
     crop = tf.image.decode_and_crop_jpeg(raw, window, channels=channels)
     return tf.cast(tf.image.resize(crop, [size, size], method="bilinear", antialias=False), tf.uint8).numpy()
 
@@ -59,6 +61,7 @@ def jpeg(shape, quality=90, channels=3):
     return buf.getvalue()
 
 
+@pytest.mark.slow
 def test_bilinear_by_hand_interpolates_half_pixel_centres_clamps_and_truncates():
     row = np.array([[[0], [10]]], np.uint8)
     # Enlarging 2 -> 4: u = -0.25, 0.25, 0.75, 1.25 -> 0 (clamped), 2.5, 7.5, 10 (clamped); truncated.
@@ -71,6 +74,7 @@ def test_bilinear_by_hand_interpolates_half_pixel_centres_clamps_and_truncates()
     np.testing.assert_array_equal(transforms.bilinear_crop(row, (0, 2, 1, 4), 2)[0, :, 0], [100, 180])
 
 
+@pytest.mark.slow
 def test_bilinear_crops_of_arrays_are_the_float64_reference_truncated():
     image = np.random.default_rng(0).integers(0, 256, (60, 80, 3), dtype=np.uint8)
     kinds = set()
@@ -82,6 +86,7 @@ def test_bilinear_crops_of_arrays_are_the_float64_reference_truncated():
     assert {(False, False), (True, True)} <= kinds  # shrunk and enlarged crops both checked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(120, 160), (256, 360)])
 def test_bilinear_jpeg_crops_are_big_visions_ops_on_the_same_window(shape):
     raw = sources.SyntheticSource("train", 1, 8, 3, 10, shape)._make_jpeg_pool()[0]
@@ -94,6 +99,7 @@ def test_bilinear_jpeg_crops_are_big_visions_ops_on_the_same_window(shape):
     assert scaled > 10  # crops bicubic would decode at 1/2 scale or less: bilinear decodes every window in full
 
 
+@pytest.mark.slow
 def test_bilinear_greyscale_and_png_records():
     grey = jpeg((40, 56), channels=1)
     ours = transforms.decode_random_resized_crop(grey, 1, 24, SCALE, np.random.default_rng(1), "bilinear")
@@ -108,6 +114,7 @@ def test_bilinear_greyscale_and_png_records():
                                                                        "bilinear"))
 
 
+@pytest.mark.slow
 def test_a_truncated_jpeg_is_a_bad_record_even_when_its_window_lies_above_the_cut():
     raw = jpeg((300, 100))
     cut = raw[: len(raw) * 6 // 10]
@@ -121,6 +128,7 @@ def test_a_truncated_jpeg_is_a_bad_record_even_when_its_window_lies_above_the_cu
             transforms.decode_random_resized_crop(cut, 3, 24, SCALE, np.random.default_rng(i), "bilinear")
 
 
+@pytest.mark.slow
 def test_a_jpeg_tensorflow_cannot_decode_is_one_value_error():
     raw = jpeg((40, 56))
     sos = raw.index(b"\xff\xda")
@@ -129,6 +137,7 @@ def test_a_jpeg_tensorflow_cannot_decode_is_one_value_error():
         transforms.decode_random_resized_crop(broken, 3, 24, SCALE, np.random.default_rng(0), "bilinear")
 
 
+@pytest.mark.slow
 def test_train_iterator_with_bilinear_crops_each_image_with_big_visions_ops():
     cfg = data.default_data_config("synthetic")
     cfg.image_size, cfg.num_train, cfg.synthetic_jpeg_shape, cfg.prefetch = 24, 16, (40, 56), 0
@@ -164,6 +173,7 @@ def bad_jpegs():
     return images
 
 
+@pytest.mark.slow
 def test_a_bilinear_batch_with_a_record_tensorflow_cannot_decode_raises_naming_it(monkeypatch):
     images = bad_jpegs()
     images[2] = jpeg((42, 56))  # only record 5 is bad: the batch's graph call fails, then each window alone
@@ -174,6 +184,7 @@ def test_a_bilinear_batch_with_a_record_tensorflow_cannot_decode_raises_naming_i
         next(it)
 
 
+@pytest.mark.slow
 def test_bad_records_in_a_bilinear_batch_are_skipped_counted_and_the_rest_decoded_as_alone(monkeypatch):
     images = bad_jpegs()
     it = bilinear_iterator_over(monkeypatch, images, True)
