@@ -44,14 +44,14 @@ def config(depth=12, mesh=(1, 4, 1)):
     return c
 
 
-def compile_steps(**kwargs):
+def compile_steps(eval_step=True, **kwargs):
     from layerscale_jax.plan.compile_for import compile_steps as compile_
-    return compile_(config(**kwargs), "v5e-4")
+    return compile_(config(**kwargs), "v5e-4", eval_step=eval_step)
 
 
 @pytest.fixture(scope="module")
 def fsdp():
-    return compile_steps()
+    return compile_steps(eval_step=False)          # its tests read the train step only
 
 
 def matmuls(hlo: str) -> list[tuple[str, str, str, tuple[int, ...]]]:
@@ -136,7 +136,7 @@ def test_tensor_parallelism_over_whole_heads_gathers_no_activation():
 
 def test_a_scanned_depth_96_model_compiles_to_the_program_of_depth_12(fsdp):
     # the compile time that follows from it is measured, not asserted: benchmarks' `depth` entry
-    deep = compile_steps(depth=96)
+    deep = compile_steps(depth=96, eval_step=False)
     shallow_text, deep_text = fsdp.compiled["train"].as_text(), deep.compiled["train"].as_text()
     assert len(deep_text) < 1.05 * len(shallow_text), (len(deep_text), len(shallow_text))
     assert " while(" in deep_text                                                  # a loop over the layers
