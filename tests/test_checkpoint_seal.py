@@ -32,9 +32,10 @@ def test_each_process_hashes_the_files_it_wrote_and_the_seal_covers_the_whole_st
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
+    # the step-2 checkpoint of a 3-step run, then a stop: no third step, no final save or evaluation to wait for
     procs = [subprocess.Popen([sys.executable, "-m", "layerscale_jax.train", f"--config={TINY}:steps=3",
-                               f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
-                               "--num_processes=2", f"--process_id={i}"],
+                               "--config.train.stop_after_steps=2", f"--workdir={workdir}",
+                               f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
                               env=subprocess_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
