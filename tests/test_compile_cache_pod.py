@@ -45,10 +45,11 @@ def two_processes(bucket, *args, env=()):
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
+    # 5 steps, each job stopped after 2 or 1 (at 2, 3, 4): none finishes, so none compiles and runs the final evaluation
     env = dict(subprocess_env(2), JAX_LOG_COMPILES="1", LAYERSCALE_JAX_MALLOC="system", **dict(env))
     logs = [tempfile.TemporaryFile("w+") for _ in range(2)]       # not pipes: a full one would stall a process
     procs = [subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "tests", "cloud_bucket.py"), str(bucket), f"--config={TINY}:steps=4",
+        [sys.executable, os.path.join(ROOT, "tests", "cloud_bucket.py"), str(bucket), f"--config={TINY}:steps=5",
          "--workdir=gs://bucket/run", f"--coordinator_address=localhost:{port}", "--num_processes=2",
          f"--process_id={i}", f"--config.train.compilation_cache_dir={DEFAULT_CACHE_DIR}", *args],
         env=env, stdout=log, stderr=subprocess.STDOUT, text=True) for i, log in enumerate(logs)]
