@@ -1,8 +1,9 @@
 """Will each committed pod recipe fit, and how fast can it run? Every recipe compiled for its stated target by the
 target's own compiler on this machine (``plan.compile_for``): per-chip HBM used against what the compiler allows,
 FLOPs per step, the step-time range from the compiled step (lower and upper bound, the dominant term), collective
-bytes per step, compile time; and its train step compiled again with the other layer layout (scanned ↔ unrolled:
-memory and lower bound), the choice ``--fit`` weighs.
+bytes per step, compile time, and which programs were compiled (``programs``: each step's ``program_sha256``); and
+its train step compiled again with the other layer layout (scanned ↔ unrolled: memory and lower bound), the choice
+``--fit`` weighs.
 
     python benchmarks/compile_recipes.py [--only ID ...] [--jobs N] [--out FILE]
     python benchmarks/compile_recipes.py --docs benchmarks/results/compile_recipes_<cpu>_<date>.json
@@ -10,8 +11,10 @@ memory and lower bound), the choice ``--fit`` weighs.
 Writes ``benchmarks/results/compile_recipes_<cpu>_<date>.json`` and prints the markdown table of docs/multihost.md
 ("Will it fit?"). Compiles are CPU work, one recipe per process (``--jobs`` at a time); nothing runs on an
 accelerator.
-``RECIPES`` is also what ``tests/test_pod_recipes.py`` compiles: the commands of docs/multihost.md and the
-``configs/imagenet_*.py`` recipes, each with the target it is written for.
+``RECIPES`` are the commands of docs/multihost.md and the ``configs/imagenet_*.py`` recipes, each with the target it is
+written for. ``tests/test_pod_recipes.py`` holds the newest record to them: each recipe's train step lowered today must
+be the program the record compiled (the same ``program_sha256``), so a change to a recipe's program fails the suite
+until this is rerun; one recipe is also compiled there and must give its record's numbers.
 """
 from __future__ import annotations
 
@@ -74,7 +77,7 @@ def load(recipe: Recipe):
 
 def compile_row(recipe: Recipe) -> dict:
     """The recipe's report as a dict (``CompileReport.to_json``), or its one-line error when it does not fit."""
-    from layerscale_jax.plan.compile_for import DoesNotFit, compile_for
+    from layerscale_jax.plan.compile_for import DoesNotFit, compile_for, train_step_sha256
     from layerscale_jax.train.config import with_overrides
     start = time.perf_counter()
     row = {"id": recipe.id, "command": recipe.command, "where": recipe.where, "target": recipe.target}
@@ -89,7 +92,7 @@ def compile_row(recipe: Recipe) -> dict:
                                "step_time_lower_bound_s": other.bound_seconds,
                                "step_time_upper_bound_s": other.upper_seconds}
     except DoesNotFit as err:
-        row.update(fits=False, error=str(err))
+        row.update(fits=False, error=str(err), programs={"train": train_step_sha256(config, recipe.target)})
     row["wall_s"] = time.perf_counter() - start
     return row
 
@@ -105,6 +108,13 @@ def run_worker(recipe: Recipe) -> dict:
     print(f"{recipe.id}: " + (f"{row['peak_bytes_per_chip'] / 2 ** 30:.2f} GiB per chip" if row["fits"]
                               else row["error"]), flush=True)
     return row
+
+
+def newest_record() -> str:
+    """The path of the newest committed record (by the date in its name): the one the docs' tables show."""
+    folder = os.path.join(REPO, "benchmarks", "results")
+    names = [n for n in os.listdir(folder) if re.fullmatch(r"compile_recipes_.+_\d{4}-\d\d-\d\d\.json", n)]
+    return os.path.join(folder, max(names, key=lambda n: (n[-15:-5], n)))
 
 
 def cpu_slug() -> str:

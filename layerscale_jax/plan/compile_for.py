@@ -18,6 +18,7 @@ their shardings; nothing is allocated, no data read) over device descriptions of
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -85,6 +86,7 @@ class CompileReport:
     hbm_bytes_per_s: float
     step: step_time_lib.StepTime        # the train step's terms
     link_bytes_per_s: dict[str, float]  # the bandwidth per chip of each link the step crosses
+    programs: dict[str, str]            # program_sha256 of each compiled step: which programs this reports on
     memory_note: str = ""               # where hbm_per_chip comes from
 
     @property
@@ -274,33 +276,60 @@ class CompiledSteps:
     experiment: Any                 # train.config.Experiment: what was compiled
     compiled: dict[str, Any]        # "train" (and "eval"): jax.stages.Compiled
     seconds: dict[str, float]       # compile time of each
+    programs: dict[str, str]        # program_sha256 of each: what was compiled
 
 
-def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSteps:
-    """``config``'s train (and eval) step, built by ``loop.create_trainer`` exactly as the run builds them, lowered
-    with abstract sharded inputs over ``target``'s devices and compiled by its compiler. libtpu's out-of-memory
-    raises ``DoesNotFit``."""
+def program_sha256(lowered) -> str:
+    """What a compile is of: the SHA-256 of a step's lowered StableHLO text (``Lowered.as_text()``, without debug
+    locations). Any change to the model, optimizer, shardings, mesh or jax's lowering changes it; the same program
+    gives the same digest in any checkout or process."""
+    return hashlib.sha256(lowered.as_text().encode()).hexdigest()
+
+
+def _steps_to_lower(config, target: str, eval_step: bool):
+    """``config``'s train (and eval) step for ``target``, built by ``loop.create_trainer`` exactly as the run builds
+    them, each with the abstract sharded inputs it is lowered with."""
     from layerscale_jax.train import loop as loop_lib
 
     experiment = as_experiment(config)
     parsed = targets_lib.parse_target(target)
     tc = experiment.train
     mesh = shard_lib.make_mesh(tc.mesh, targets_lib.target_devices(parsed))
+    trainer = loop_lib.create_trainer(experiment, mesh, info=declared_dataset_info(experiment))
+    steps = {"train": (trainer.train_step, (trainer.abstract_state,
+                                            batch_specs(experiment, mesh, tc.batch_size, False)))}
+    if eval_step:
+        steps["eval"] = (trainer.eval_step, (trainer.abstract_state["params"],
+                                             batch_specs(experiment, mesh, tc.eval_batch_size, True)))
+    return experiment, parsed, mesh, trainer, steps
+
+
+def train_step_sha256(config, target: str) -> str:
+    """``program_sha256`` of ``config``'s train step for ``target``, lowered as ``compile_steps`` lowers it and not
+    compiled (seconds, where libtpu's compile takes minutes): a committed compile record
+    (``benchmarks/compile_recipes.py``) is of today's program exactly when its digest is this."""
+    *_, steps = _steps_to_lower(config, target, eval_step=False)
+    step, args = steps["train"]
+    return program_sha256(step.lower(*args))
+
+
+def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSteps:
+    """``config``'s train (and eval) step, built by ``loop.create_trainer`` exactly as the run builds them, lowered
+    with abstract sharded inputs over ``target``'s devices and compiled by its compiler. libtpu's out-of-memory
+    raises ``DoesNotFit``."""
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)    # cross-compiled entries cannot be read back
     try:
-        trainer = loop_lib.create_trainer(experiment, mesh, info=declared_dataset_info(experiment))
-        steps = {"train": (trainer.train_step, (trainer.abstract_state,
-                                                batch_specs(experiment, mesh, tc.batch_size, False)))}
-        if eval_step:
-            steps["eval"] = (trainer.eval_step, (trainer.abstract_state["params"],
-                                                 batch_specs(experiment, mesh, tc.eval_batch_size, True)))
-        seconds, compiled = {}, {}
+        experiment, parsed, mesh, trainer, steps = _steps_to_lower(config, target, eval_step)
+        seconds, compiled, programs = {}, {}, {}
         for name, (step, args) in steps.items():
             start = time.perf_counter()
+            lowered = step.lower(*args)
+            programs[name] = program_sha256(lowered)
             try:
-                compiled[name] = step.lower(*args).compile()
+                compiled[name] = lowered.compile()
             except Exception as err:        # noqa: BLE001 - an out-of-memory becomes one line; others propagate
+                tc = experiment.train
                 per_chip = tc.batch_size // (mesh.shape["data"] * mesh.shape["fsdp"])
                 oom = _out_of_memory(err, parsed, experiment.config, per_chip, state_floor(trainer.abstract_state))
                 if oom is None:
@@ -309,7 +338,7 @@ def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSte
             seconds[name] = time.perf_counter() - start
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)
-    return CompiledSteps(parsed, mesh, trainer, experiment, compiled, seconds)
+    return CompiledSteps(parsed, mesh, trainer, experiment, compiled, seconds, programs)
 
 
 def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool = True) -> CompileReport:
@@ -336,7 +365,8 @@ def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool 
         collectives=hlo_lib.collectives_by_kind(hlo_lib.collectives(text)),
         compile_seconds=steps.seconds, peak_flop_per_s=parsed.chip.peak_bf16_flop_per_s,
         hbm_bytes_per_s=parsed.chip.hbm_bytes_per_s, step=step, link_bytes_per_s={
-            parsed.chip.link: parsed.chip.link_bytes_per_s, parsed.chip.network: parsed.chip.network_bytes_per_s})
+            parsed.chip.link: parsed.chip.link_bytes_per_s, parsed.chip.network: parsed.chip.network_bytes_per_s},
+        programs=steps.programs)
     if check_fit and not report.fits:
         fixed = report.train_memory.total - report.train_memory.temporaries
         raise DoesNotFit(does_not_fit(steps.experiment.config, parsed, report.peak_bytes, report.hbm_per_chip,
