@@ -36,11 +36,13 @@ setup(
     python_requires=">=3.12",
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest>=8.0", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
+        # pytest-xdist: README's test command runs the tests in one worker per CPU thread (-n logical).
+        "test": ["pytest>=8.0", "pytest-xdist>=3.6,<4", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
         # Optional: only to create parity fixtures and side-by-side benchmarks. CI never installs it.
         "timm": ["torch==2.14.1", "torchvision==0.29.1", "timm==1.0.31"],
         # Cloud TPU VMs, and compiling for any TPU target on a CPU machine (`--compile_for v5e-256`, docs/multihost.md):
-        # libtpu's compiler. Installed by CI (.ci/run) so the pod recipes are compiled for their TPUs in the tests.
+        # libtpu's compiler. Installed by CI (.ci/run): the tests compile for TPUs and hold the pod recipes' compile
+        # record to today's code.
         "tpu": ["jax[tpu]==0.12.0.1"],
         # gs:// workdirs (docs/storage.md): orbax lists a bucket's checkpoints with google-cloud-storage. TensorStore
         # writes the arrays with its own GCS driver; etils.epath (side files, logs, TensorBoard), TFDS and JAX's
