@@ -2,12 +2,12 @@
 
     import layerscale_jax as lsj
 
-    config = lsj.load_config("configs/digits_layerscale.py:depth=8", {"train.steps": 150},
+    config = lsj.load_config("configs/digits_layerscale.py:depth=4", {"train.steps": 150},
                              optim={"learning_rate": 1e-2})
-    run = lsj.fit(config, "runs/digits8_lr1e-2")  # trains in this process (resuming the workdir), returns a Run
+    run = lsj.fit(config, "runs/digits4_lr1e-2")  # trains in this process (resuming the workdir), returns a Run
     run.results["test_accuracy"], run.history[-1], run.model     # results.json, metrics.jsonl records, nnx.Module
     steps, loss = run.series("train_loss")
-    run = lsj.load_run("runs/digits8_lr1e-2")      # any finished or interrupted workdir, the same Run
+    run = lsj.load_run("runs/digits4_lr1e-2")      # any finished or interrupted workdir, the same Run
     lsj.evaluate(run.model, config)                # {"test_loss", "test_accuracy", "test_examples"}
     lsj.diagnose(run.model, lsj.example_batch(config, "train"))   # per-block ratios, gradient norms, mean |λ|
 
