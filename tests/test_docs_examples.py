@@ -2,9 +2,7 @@
 meets it, on a fresh clone: each page's blocks in one interpreter (a later block uses what an earlier one made),
 started in an empty directory holding only the clone's ``configs/`` (so ``runs/...`` workdirs are new, as on a fresh
 clone) with the devices a reader has: one CPU device (a laptop's CPU is one JAX device, not the test session's 8
-virtual ones), 8 for multihost.md's example, which runs on a pod host, and XLA's default optimisation, as a reader
-has (the session's ``--xla_backend_optimization_level=0``, tests/conftest.py, compiles small programs faster but ran
-these pages' training steps about 2.4× slower: in CPU time the pages cost about 10% less without it). Slow: the pages train the digits runs they
+virtual ones), 8 for multihost.md's example, which runs on a pod host. Slow: the pages train the digits runs they
 show (README: depth 4 for 300 steps; python_api.md: depth 4 for 150 steps, then depth 12 for 30 steps three times;
 the API's docstring: depth 4 for 150 steps)."""
 import os
@@ -38,9 +36,7 @@ def test_the_python_examples_of_a_page_run_in_sequence_as_written(page, tmp_path
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     program = "\n\n".join(python_blocks(page))
     devices = "8" if page == "docs/multihost.md" else "1"
-    xla_flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
-                 if not flag.startswith("--xla_backend_optimization_level")]     # the session's; a reader's default
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_NUM_CPU_DEVICES": devices, "XLA_FLAGS": " ".join(xla_flags)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_NUM_CPU_DEVICES": devices}
     done = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, f"{page}: {done.stderr[-3000:]}"
 
