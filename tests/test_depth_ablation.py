@@ -403,6 +403,25 @@ def test_the_write_ups_summaries_of_the_detectable_differences_are_the_committed
             f"{beyond} points LayerScale could be ahead") in experiments
 
 
+def test_the_ceiling_the_write_up_states_is_the_committed_per_depth_runs():
+    """experiments/README's "what a digits-scale study can say": the span of every cell's mean and the headroom to
+    100% at depths 48 and 96, recomputed from the per-depth choice's committed run rows (runs that did not diverge;
+    a cell is a depth and a column: scheme, ε and warm-up)."""
+    rows = csv.DictReader(open(os.path.join(da_protocol.CONVERGED_OUT, "final", "per_depth", "results.csv")))
+    cells = {}
+    for row in rows:
+        if row["diverged"] == "False":
+            key = (int(row["depth"]), row["scheme"], row["epsilon"], row["warmup"])
+            cells.setdefault(key, []).append(100 * float(row["final_test_accuracy"]))
+    means = {key: sum(v) / len(v) for key, v in cells.items()}
+    assert len(means) == 40                                  # 8 columns × 5 depths
+    deep = [m for (depth, *_), m in means.items() if depth in (48, 96)]
+    experiments = " ".join(open(os.path.join(da_runs.ROOT, "experiments", "README.md")).read().split())
+    assert f"every cell's mean lies between {min(means.values()):.1f} and {max(means.values()):.1f}%" in experiments
+    assert (f"the headroom to 100% at depths 48 and 96 is {100 - max(deep):.1f}–{100 - min(deep):.1f} points"
+            in experiments)
+
+
 def test_the_committed_tables_are_what_the_committed_run_records_give(tmp_path):
     """Regenerating from ``experiments/results/depth_ablation/runs`` reproduces both protocols' tables (mean ± std,
     CI, Welch comparisons) and CSV."""
