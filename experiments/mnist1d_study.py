@@ -450,8 +450,8 @@ def write_report(out: str = OUT, command: str = "python experiments/mnist1d_stud
         parts.append(f"\n**Interim: not decided** ({len(done)} of {NUM_SEEDS} blocks complete). No test is run and "
                      "no number of the analysis is shown before the design's blocks are complete.\n")
     for name, family in result["families"].items():
-        parts.append(f"\n## {name}\n\n" + _family_table(family, 3 if name.endswith("nll") else 2)
-                     + (NLL_NOTE if name.endswith("nll") else ""))
+        nll = name.endswith("nll")
+        parts.append(f"\n## {name}\n\n" + _family_table(family, 3 if nll else 2) + (NLL_NOTE if nll else ""))
     if result["families"]:
         for depth in (DEEP, SHALLOW):
             parts.append(f"\n## Depth {depth}: test accuracy (%) at each rate, mean ± SD over the {len(done)} blocks "
