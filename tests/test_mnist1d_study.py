@@ -278,6 +278,7 @@ def test_the_write_ups_quote_the_decided_report(committed):
     for text in (readme, experiments):
         for rate in ("0.002", "0.01"):                      # the smallest and largest of claim 2 over the rates
             assert f"{row(f'depth 48: {rate}', 'none').mean:+.2f}" in text
+            assert text is experiments or interval(row(f"depth 48: {rate}", "none")) in text
         assert all(r.outcome == "as claimed" for rate in ("0.002", "0.005", "0.01", "0.02")
                    for r in [row(f"depth 48: {rate}", "none")])
         for family, other, outcome in (("depth 48: 0.002", "layerscale_eps0.1", "against"),
@@ -285,6 +286,7 @@ def test_the_write_ups_quote_the_decided_report(committed):
                                        ("depth 48: 0.02", "scalar", "as claimed")):
             r = row(family, other)
             assert r.outcome == outcome and interval(r) in text, (family, other)
+            assert text is experiments or f"{r.p_holm:.3g}" in text, (family, other)      # README quotes Holm's p
         for other in ("none", "scalar"):
             assert interval(row("depth 6: selected", other)) in text
     assert cell(48, "layerscale", 0.005)[:-1] in readme and cell(48, "none", 0.005) in readme   # the shared recipe
