@@ -28,6 +28,7 @@ import re
 import subprocess
 import sys
 import time
+from layerscale_jax.train.config import validate_experiment_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,18 +82,20 @@ def compile_row(recipe: Recipe) -> dict:
     from layerscale_jax.train.config import with_overrides
     start = time.perf_counter()
     row = {"id": recipe.id, "command": recipe.command, "where": recipe.where, "target": recipe.target}
+    config = load(recipe)
+    experiment = validate_experiment_config(config)
     try:
-        config = load(recipe)
-        report = compile_for(config, recipe.target)
+        report = compile_for(experiment, recipe.target)
         print(report.format(), file=sys.stderr, flush=True)
         row.update(report.to_json(), text=report.format())
         flipped = {"model.scan_layers": not config.model.scan_layers}
-        other = compile_for(with_overrides(config, flipped), recipe.target, check_fit=False, eval_step=False)
+        other = compile_for(validate_experiment_config(with_overrides(config, flipped)), recipe.target,
+                            check_fit=False, eval_step=False)
         row["other_layout"] = {"overrides": flipped, "fits": other.fits, "peak_bytes_per_chip": other.peak_bytes,
                                "step_time_lower_bound_s": other.bound_seconds,
                                "step_time_upper_bound_s": other.upper_seconds}
     except DoesNotFit as err:
-        row.update(fits=False, error=str(err), programs={"train": train_step_sha256(config, recipe.target)})
+        row.update(fits=False, error=str(err), programs={"train": train_step_sha256(experiment, recipe.target)})
     row["wall_s"] = time.perf_counter() - start
     return row
 

@@ -22,6 +22,7 @@ import os
 import platform
 import sys
 import time
+from layerscale_jax.train.config import validate_experiment_config
 
 MESHES = [(8, 1, 1), (1, 8, 1), (2, 4, 1), (4, 1, 2), (1, 4, 2), (2, 2, 2)]
 
@@ -64,7 +65,7 @@ def main(argv=None):
         config.train.batch_size = args.batch
         config.train.mesh = {"data": data, "fsdp": fsdp, "tensor": tensor}
         mesh = shard_lib.make_mesh(config.train.mesh)
-        trainer = loop_lib.create_trainer(config, mesh)
+        trainer = loop_lib.create_trainer(validate_experiment_config(config), mesh)
         sharding = batch_sharding(mesh)
         size = config.model.img_size
         batch = {"image": jax.ShapeDtypeStruct((args.batch, size, size, 3), jnp.float32, sharding=sharding),

@@ -12,6 +12,7 @@ named like a number reported. The record says which splits it trained on and eva
 ``eval_split``, as the data pipeline resolved them).
 """
 from __future__ import annotations
+from layerscale_jax.train.config import validate_experiment_config
 
 
 def train_classifier(config) -> dict:
@@ -23,4 +24,4 @@ def train_classifier(config) -> dict:
     (setup, first step, per step, evaluations), ``train_loss_curve`` ([step, loss] pairs) and ``evaluations``
     (dicts with ``step``)."""
     from layerscale_jax.train.loop import train_and_record
-    return train_and_record(config)
+    return train_and_record(validate_experiment_config(config))

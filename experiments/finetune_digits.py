@@ -106,7 +106,7 @@ def trivial_reconstruction_loss(config) -> float:
 
 def run(config, workdir: str) -> dict:
     start = time.time()
-    results = train_and_evaluate(config, workdir)
+    results = train_and_evaluate(validate_experiment_config(config), workdir)
     return {**results, "wall_seconds": time.time() - start}
 
 

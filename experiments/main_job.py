@@ -21,6 +21,8 @@ import dataclasses
 import os
 import re
 
+from layerscale_jax.train.config import validate_experiment_config
+
 import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +53,7 @@ def train(spec: Seed, workdir_root: str = WORKDIRS) -> dict:
     from layerscale_jax.train.loop import train_and_evaluate
 
     workdir = os.path.join(workdir_root, f"{cpu_folder()}_seed{spec.seed}")
-    results = train_and_evaluate(load_config(f"{CONFIG}:seed={spec.seed}"), workdir)
+    results = train_and_evaluate(validate_experiment_config(load_config(f"{CONFIG}:seed={spec.seed}")), workdir)
     return {"run_id": spec.run_id, "seed": spec.seed, "test_accuracy": results["test_accuracy"],
             "test_examples": results["test_examples"], "train_seconds": results["train_seconds"],
             "seconds": results["train_seconds"], "diverged": False, "workdir": os.path.relpath(workdir, ROOT)}

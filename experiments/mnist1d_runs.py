@@ -14,6 +14,8 @@ import importlib.util
 import os
 
 import depth_ablation_runs as da  # the schemes (branch scaling and ε rule of each column)
+from layerscale_jax.train.config import validate_experiment_config
+
 import sweep  # records, resume, shards
 
 ROOT = da.ROOT
@@ -67,7 +69,7 @@ def train_run(run: Run) -> dict:
     divergence, timing) and the final state's test metrics (``final_test_accuracy``, ``final_test_loss``)."""
     from layerscale_jax.train.loop import train_and_record
     config = make_config(run)
-    result = train_and_record(config, final_splits=("test",))
+    result = train_and_record(validate_experiment_config(config), final_splits=("test",))
     scheme = da.SCHEMES_BY_NAME[run.scheme]
     return {**dataclasses.asdict(run), "run_id": run.run_id, "branch_scaling": scheme.branch_scaling,
             "epsilon": epsilon(run), "warmup_steps": config.optim.warmup_steps, "embed_dim": EMBED_DIM,

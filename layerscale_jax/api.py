@@ -35,8 +35,8 @@ from layerscale_jax.paths import as_path, is_url, read_json
 from layerscale_jax.storage.workdir import metrics_lines
 from layerscale_jax.train import config as config_lib
 
-__all__ = ["Run", "TrainingInterrupted", "diagnose", "evaluate", "example_batch", "fit", "load_config", "load_run",
-           "override_config"]
+__all__ = ["Run", "TrainingInterrupted", "compile_for", "diagnose", "evaluate", "example_batch", "fit", "load_config",
+           "load_run", "override_config"]
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -176,6 +176,17 @@ def fit(config: ml_collections.ConfigDict, workdir: str | Path | None = None, *,
         raise TrainingInterrupted(workdir, stopped)
     run = load_run(workdir, ema=ema)
     return dataclasses.replace(run, config=config)
+
+
+def compile_for(config: ml_collections.ConfigDict, target: str, *, check_fit: bool = True, eval_step: bool = True):
+    """``config``'s train and eval steps compiled for ``target`` (a TPU or GPU slice, ``plan.targets``) on this
+    machine, as ``python -m layerscale_jax.train --compile_for TARGET`` compiles them: the ``plan.compile_for``
+    report (memory per chip, FLOPs, collectives, step-time range; ``report.fits``, ``report.format()``). A run that
+    does not fit raises ``DoesNotFit``, one line with the numbers (``check_fit=False``: the report instead)."""
+    from layerscale_jax.plan import compile_for as plan
+
+    return plan.compile_for(config_lib.validate_experiment_config(config), target, check_fit=check_fit,
+                            eval_step=eval_step)
 
 
 def load_run(workdir: str | Path, *, step: int | None = None, ema: bool | None = None) -> Run:

@@ -25,6 +25,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402 - after the environment above, which must be set before JAX is imported
+from layerscale_jax.train.config import validate_experiment_config
 
 
 @pytest.fixture(scope="session")
@@ -37,4 +38,4 @@ def six_step_run(tmp_path_factory):
     config = tiny_config("steps=6")
     config.train.checkpoint_every = 2
     workdir = str(tmp_path_factory.mktemp("six_step_run"))
-    return workdir, loop_lib.train_and_evaluate(config, workdir)
+    return workdir, loop_lib.train_and_evaluate(validate_experiment_config(config), workdir)

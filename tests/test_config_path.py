@@ -136,7 +136,7 @@ def tiny_config(steps: int) -> ml_collections.ConfigDict:
 def test_the_model_and_data_sections_are_validated_once_in_a_run(monkeypatch, tmp_path):
     config = tiny_config(4)
     counted = CountedConstructions(monkeypatch)
-    results = loop_lib.train_and_evaluate(config, str(tmp_path / "run"))
+    results = loop_lib.train_and_evaluate(validate_experiment_config(config), str(tmp_path / "run"))
     assert results["steps"] == 4
     assert counted.made == ["ViTConfig", "DataSettings"]     # where the config entered; the run uses those objects
 
@@ -147,6 +147,23 @@ def test_a_validated_experiment_is_not_checked_again(monkeypatch, tmp_path):
     counted = CountedConstructions(monkeypatch)
     assert loop_lib.train_and_record(experiment)["steps"] == 4
     assert counted.made == []
+
+
+@pytest.mark.parametrize("entry", ["train_and_evaluate", "train_and_record", "create_trainer", "compile_for"])
+def test_the_library_takes_the_validated_experiment_and_refuses_a_config_in_one_line(entry, tmp_path):
+    """The config is validated where it enters (the command line, ``api``, a script's own call); the library's
+    functions take the ``Experiment`` only, so nothing checks a section twice and nothing runs unchecked."""
+    from layerscale_jax.plan import compile_for as plan_lib
+    call = {"train_and_evaluate": lambda c: loop_lib.train_and_evaluate(c, str(tmp_path / "run")),
+            "train_and_record": loop_lib.train_and_record,
+            "create_trainer": lambda c: loop_lib.create_trainer(c, mesh=None),
+            "compile_for": lambda c: plan_lib.compile_for(c, "v5e-4")}[entry]
+    with pytest.raises(TypeError) as refused:
+        call(tiny_config(4))
+    assert str(refused.value) == (f"{entry} takes an Experiment, not a "
+                                  "ConfigDict: validate the config once where it enters, "
+                                  "experiment = validate_experiment_config(config)")
+    assert not (tmp_path / "run").exists()
 
 
 def test_create_model_is_the_model_of_its_config():

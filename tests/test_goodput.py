@@ -14,6 +14,7 @@ import pytest
 from layerscale_jax.train import goodput as goodput_lib
 from layerscale_jax.train import loop as loop_lib
 from layerscale_jax.train import saving as saving_lib
+from layerscale_jax.train.config import validate_experiment_config
 
 from test_train import ROOT, TINY, subprocess_env, tiny_config
 
@@ -51,7 +52,8 @@ def test_a_run_preempted_twice_counts_exactly_the_steps_it_redid(tmp_path, capsy
         with pytest.MonkeyPatch.context() as patch:
             _preempted_without_a_save(patch)
             started = time.time()
-            results = loop_lib.train_and_evaluate(_config(stop_after_steps=stop_after), workdir)
+            experiment = validate_experiment_config(_config(stop_after_steps=stop_after))
+            results = loop_lib.train_and_evaluate(experiment, workdir)
             took.append(time.time() - started)
         if stop_after:
             assert results == {"preempted_at_step": 11 if len(took) == 1 else 19}
@@ -121,7 +123,7 @@ def test_an_attempt_killed_with_kill_9_counts_up_to_its_last_record(tmp_path):
     assert not killed["final"] and killed["step"] >= 15
     assert killed["seconds"]["startup"] > 0.5              # the interpreter and jax's import, before the entry
     _sums_to_wall(killed)
-    loop_lib.train_and_evaluate(_config(4000, stop_after_steps=killed["step"] + 2), workdir)
+    loop_lib.train_and_evaluate(validate_experiment_config(_config(4000, stop_after_steps=killed["step"] + 2)), workdir)
     killed_again, resumed = goodput_lib.read_attempts(path)
     assert killed_again == killed
     checkpoint = resumed["start_step"]                     # the newest complete checkpoint when it was killed

@@ -13,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from layerscale_jax.errors import UserError
 from layerscale_jax.plan import gpu_targets
+from layerscale_jax.train.config import validate_experiment_config
 
 MISSING = gpu_targets.missing_requirements()
 needs_cuda = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}: {gpu_targets.INSTALL}")
@@ -131,7 +132,7 @@ def gpu_config(**mesh):
 @needs_cuda
 def test_compile_for_eight_h100s_reports_memory_against_jax_s_share_and_nccl_collectives():
     from layerscale_jax.plan.compile_for import compile_for
-    report = compile_for(gpu_config(data=1, fsdp=-1), "8xh100")
+    report = compile_for(validate_experiment_config(gpu_config(data=1, fsdp=-1)), "8xh100")
     assert report.fits and report.num_chips == 8 and report.mesh == {"data": 1, "fsdp": 8, "tensor": 1}
     assert report.hbm_per_chip == gpu_targets.usable_memory_bytes("h100") < gpu_targets.device_memory_bytes("h100")
     assert "XLA_CLIENT_MEM_FRACTION" in report.format() and report.per_chip_batch == 2
@@ -143,7 +144,7 @@ def test_compile_for_eight_h100s_reports_memory_against_jax_s_share_and_nccl_col
 def test_the_train_step_for_eight_h200s_runs_cudnn_attention_and_fsdp_collectives():
     from layerscale_jax.plan import hlo as hlo_lib
     from layerscale_jax.plan.compile_for import StepMemory, compile_steps
-    steps = compile_steps(gpu_config(data=1, fsdp=-1), "8xh200", eval_step=False)
+    steps = compile_steps(validate_experiment_config(gpu_config(data=1, fsdp=-1)), "8xh200", eval_step=False)
     hlo = steps.compiled["train"].as_text()
     assert hlo.count(CUDNN_FMHA + 'Softmax"') == 1 and hlo.count(CUDNN_FMHA + 'SoftmaxBackward"') == 1   # scanned
     assert {"all-gather", "reduce-scatter"} <= set(hlo_lib.collectives_by_kind(hlo_lib.collectives(hlo)))
@@ -154,7 +155,8 @@ def test_the_train_step_for_eight_h200s_runs_cudnn_attention_and_fsdp_collective
 @needs_cuda
 def test_two_hosts_of_eight_h100s_split_data_across_hosts_and_fsdp_within():
     from layerscale_jax.plan.compile_for import compile_for
-    report = compile_for(gpu_config(data=1, fsdp=8, dcn_data=2), "2x8xh100", eval_step=False)
+    experiment = validate_experiment_config(gpu_config(data=1, fsdp=8, dcn_data=2))
+    report = compile_for(experiment, "2x8xh100", eval_step=False)
     assert report.num_chips == 16 and report.mesh == {"data": 2, "fsdp": 8, "tensor": 1}
     assert report.topology == "2 hosts × 8 GPUs" and report.per_chip_batch == 1
     assert {"all-gather", "reduce-scatter"} <= set(report.collectives) and report.fits

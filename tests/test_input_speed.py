@@ -16,6 +16,7 @@ from PIL import Image, ImageEnhance
 
 from layerscale_jax import data
 from layerscale_jax.data import sources, transforms
+from layerscale_jax.train.config import validate_experiment_config
 
 SCALE = (0.08, 1.0)
 
@@ -220,6 +221,6 @@ def test_progress_line_shows_the_time_the_loop_waited_for_input_per_step(tmp_pat
     spec = importlib.util.spec_from_file_location("tiny_synthetic", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    loop.train_and_evaluate(module.get_config("steps=3"), str(tmp_path))
+    loop.train_and_evaluate(validate_experiment_config(module.get_config("steps=3")), str(tmp_path))
     waits = [float(w) for w in re.findall(r"input_wait_ms ([0-9.e+-]+)", capsys.readouterr().err)]
     assert len(waits) == 3 and all(w >= 55 for w in waits)

@@ -210,7 +210,7 @@ def test_the_trainer_in_lora_mode_keeps_the_base_and_gives_it_no_optimizer_state
     config = _tiny_finetune_config("lora", rank=2, alpha=4.0)
     validate_experiment_config(config)
     mesh = shard_lib.make_mesh({"data": 2, "fsdp": 1, "tensor": 2}, jax.devices()[:4])
-    trainer = loop_lib.create_trainer(config, mesh)
+    trainer = loop_lib.create_trainer(validate_experiment_config(config), mesh)
     state = trainer.init_state()
     moments = {"/".join(str(getattr(k, "key", "")) for k in p if getattr(k, "key", None) is not None)
                for p, leaf in jax.tree_util.tree_leaves_with_path(state["opt_state"]) if leaf.ndim > 0}

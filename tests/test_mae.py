@@ -11,6 +11,7 @@ from layerscale_jax.convert.flat import flatten
 from layerscale_jax.models import create_model
 from layerscale_jax.models import mae as mae_lib
 from layerscale_jax.models.layout import convert_layout
+from layerscale_jax.train.config import validate_experiment_config
 
 ENCODER = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=16, depth=2, num_heads=2,
                init_values=0.1)
@@ -150,7 +151,7 @@ def test_mae_pretraining_runs_in_the_train_loop_on_a_sharded_mesh(tmp_path, caps
     config.train = default_train_config()
     config.train.update(steps=2, batch_size=16, eval_batch_size=16, log_every=1, checkpoint_every=0)
     config.train.mesh.data = 4
-    results = train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:4])
+    results = train_and_evaluate(validate_experiment_config(config), str(tmp_path), devices=jax.devices()[:4])
     assert np.isfinite(results["test_loss"]) and "test_accuracy" not in results
     assert f"| test_loss {results['test_loss']:.4g} |" in capsys.readouterr().err      # on the console's line
     assert (tmp_path / "reconstructions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,6 +11,7 @@ import pytest
 from layerscale_jax.data import config as data_config
 from layerscale_jax.data import mnist1d
 from layerscale_jax.errors import ConfigError
+from layerscale_jax.train.config import validate_experiment_config
 
 SMALL = mnist1d.Mnist1dSettings(num_train=70, num_validation=10, num_test=20)
 
@@ -178,7 +179,7 @@ def test_model_and_dataset_must_agree_on_dims(tmp_path):
     config = _study_config(tmp_path, "steps=2")
     config.model.patch_dims = 2
     with pytest.raises(ConfigError, match="model.patch_dims=2 does not match dataset 'mnist1d'"):
-        train_and_record(config)
+        train_and_record(validate_experiment_config(config))
 
 
 def _study_config(tmp_path, arg):
@@ -200,7 +201,7 @@ def test_a_short_run_learns_and_reports_test(tmp_path):
     from layerscale_jax.train.loop import train_and_record
     config = _study_config(tmp_path, "depth=2,steps=200,lr=5e-3")
     config.train.eval_every = 100
-    record = train_and_record(config, final_splits=("test",))
+    record = train_and_record(validate_experiment_config(config), final_splits=("test",))
     assert record["eval_split"] == "validation" and record["final_val_accuracy"] > 0.4
     assert record["final_test_examples"] == 1000 and record["final_test_accuracy"] > 0.4
     assert record["final_test_loss"] < 2.0       # ln 10 = 2.30 at chance

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from layerscale_jax.train import loop as loop_lib
+from layerscale_jax.train.config import validate_experiment_config
 
 from test_train import TINY, read_metrics, subprocess_env, tiny_config
 
@@ -30,6 +31,11 @@ def config(**train):
     for key, value in train.items():
         cfg.train[key] = value
     return cfg
+
+
+def experiment(**train):
+    """``config(**train)`` validated, as the command line validates it: what the loop takes."""
+    return validate_experiment_config(config(**train))
 
 
 def flags(mesh=None, **train):
@@ -71,7 +77,8 @@ def results(workdir):
 def one_process(tmp_path_factory):
     """The reference: one process holding 4 devices, pure data parallel."""
     workdir = str(tmp_path_factory.mktemp("one_process"))
-    loop_lib.train_and_evaluate(config(mesh={"data": 4, "fsdp": 1, "tensor": 1}), workdir, devices=jax.devices()[:4])
+    loop_lib.train_and_evaluate(experiment(mesh={"data": 4, "fsdp": 1, "tensor": 1}), workdir,
+                                devices=jax.devices()[:4])
     return workdir
 
 
@@ -115,7 +122,7 @@ def test_processes_whose_rows_interleave_train_equal_to_one_process(one_process,
 
 def test_one_process_checkpoint_resumes_on_two_processes(one_process, tmp_path):
     workdir = str(tmp_path / "resume")
-    first = config(mesh={"data": 4, "fsdp": 1, "tensor": 1}, stop_after_steps=4)
+    first = experiment(mesh={"data": 4, "fsdp": 1, "tensor": 1}, stop_after_steps=4)
     assert loop_lib.train_and_evaluate(first, workdir, devices=jax.devices()[:4]) == {"preempted_at_step": 4}
     outputs = finish(launch(workdir, *flags({"data": 2, "fsdp": 2})))
     assert "resumed from step 4" in outputs[0] and "resumed from step 4" in outputs[1]
@@ -139,13 +146,13 @@ def test_sigterm_to_one_process_stops_both_at_one_step_then_one_process_resumes(
     steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
     assert steps == [stopped[0]]
     # Resume with the reference's layout: one process, 4 devices, and the reference's step count.
-    loop_lib.train_and_evaluate(config(mesh={"data": 4, "fsdp": 1, "tensor": 1}, steps=10_000, log_every=2,
-                                       checkpoint_every=0, stop_after_steps=2), workdir, devices=jax.devices()[:4])
+    loop_lib.train_and_evaluate(experiment(mesh={"data": 4, "fsdp": 1, "tensor": 1}, steps=10_000, log_every=2,
+                                           checkpoint_every=0, stop_after_steps=2), workdir, devices=jax.devices()[:4])
     got = losses(workdir)
     # Against an uninterrupted one-process run of the same config: every record, before and after the interruption.
     fresh = str(tmp_path / "fresh")
-    loop_lib.train_and_evaluate(config(mesh={"data": 4, "fsdp": 1, "tensor": 1}, steps=10_000, log_every=2,
-                                       checkpoint_every=0, stop_after_steps=stopped[0] + 2), fresh,
+    loop_lib.train_and_evaluate(experiment(mesh={"data": 4, "fsdp": 1, "tensor": 1}, steps=10_000, log_every=2,
+                                           checkpoint_every=0, stop_after_steps=stopped[0] + 2), fresh,
                                 devices=jax.devices()[:4])
     want = losses(fresh)
     assert sorted(got) == sorted(want) == list(range(2, stopped[0] + 3, 2))

@@ -17,6 +17,7 @@ from layerscale_jax.layers import scaling
 from layerscale_jax.layers.params import ROLES, logical_axes, param, role
 from layerscale_jax.models import create_model
 from layerscale_jax.train import sharding as shard_lib
+from layerscale_jax.train.config import validate_experiment_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FSDP_RULES = (("embed", "fsdp"), ("heads", "tensor"), ("mlp", "tensor"), ("classes", None), ("layers", None))
@@ -164,5 +165,5 @@ def test_a_checkpoint_written_before_the_metadata_restores_and_resumes(tmp_path)
 
     config = load_tiny_config("steps=6,scan_layers=True")
     config.optim.ema_decay = 0.9
-    loop.train_and_evaluate(config, str(workdir))
+    loop.train_and_evaluate(validate_experiment_config(config), str(workdir))
     assert lsj.load_run(workdir).step == 6

@@ -17,6 +17,7 @@ import sys
 from importlib import metadata
 
 import pytest
+from layerscale_jax.train.config import validate_experiment_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -60,7 +61,8 @@ def test_the_committed_compile_is_of_the_recipes_program_today(recipe):
     """(The recipe compiled here and the oversize one are held to the record by their compiles below.)"""
     from layerscale_jax.plan.compile_for import train_step_sha256
     row = committed_row(recipe)
-    assert train_step_sha256(RECIPES.load(recipe), recipe.target) == row["programs"]["train"], (
+    experiment = validate_experiment_config(RECIPES.load(recipe))
+    assert train_step_sha256(experiment, recipe.target) == row["programs"]["train"], (
         f"{recipe.id}: its train step is no longer the program {os.path.basename(RECORD_PATH)} compiled; {REMAKE}")
 
 
@@ -80,7 +82,8 @@ def test_a_recipe_compiled_here_gives_its_committed_numbers():
     from layerscale_jax.plan.compile_for import compile_for
     (recipe,) = [r for r in RECIPES.RECIPES if r.id == COMPILED_HERE]
     row = committed_row(recipe)
-    report = compile_for(RECIPES.load(recipe), recipe.target, check_fit=False, eval_step=False)
+    report = compile_for(validate_experiment_config(RECIPES.load(recipe)), recipe.target, check_fit=False,
+                         eval_step=False)
     assert report.programs["train"] == row["programs"]["train"]
     assert dict(dataclasses.asdict(report.train_memory), total=report.train_memory.total) == row["train_memory"]
     assert report.collectives == row["collectives"] and report.flops_per_step == row["flops_per_step"]

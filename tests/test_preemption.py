@@ -25,8 +25,9 @@ import pytest
 
 from layerscale_jax.runtime import StopSignals
 from layerscale_jax.train import loop as loop_lib
+from layerscale_jax.train.config import validate_experiment_config
 
-from test_multihost import config, flags, launch, losses
+from test_multihost import experiment, flags, launch, losses
 from test_train import cli, read_metrics, subprocess_env, tiny_config
 
 pytestmark = [pytest.mark.slow]
@@ -109,10 +110,10 @@ def test_sigterm_to_one_process_during_compile_stops_both_at_one_step_and_the_re
     assert saved_steps(workdir) == [stop]
     assert not os.path.exists(os.path.join(workdir, "lock.json"))
     # The rerun (one process holding the 4 devices) against an uninterrupted run of the same config.
-    loop_lib.train_and_evaluate(config(mesh=ONE_PROCESS, **train, stop_after_steps=2), workdir,
+    loop_lib.train_and_evaluate(experiment(mesh=ONE_PROCESS, **train, stop_after_steps=2), workdir,
                                 devices=jax.devices()[:4])
     fresh = str(tmp_path / "fresh")
-    loop_lib.train_and_evaluate(config(mesh=ONE_PROCESS, **train, stop_after_steps=stop + 2), fresh,
+    loop_lib.train_and_evaluate(experiment(mesh=ONE_PROCESS, **train, stop_after_steps=stop + 2), fresh,
                                 devices=jax.devices()[:4])
     got, want = losses(workdir), losses(fresh)
     assert sorted(got) == sorted(want) == list(range(1, stop + 3))
@@ -134,7 +135,7 @@ def test_sigterm_before_the_distributed_connect_stops_both_processes_at_one_poin
     before their first step) or, on a fast machine, at a later step, with its checkpoint."""
     workdir = str(tmp_path / "early")
     train = {"steps": 10_000, "checkpoint_every": 0}
-    loop_lib.train_and_evaluate(config(mesh=ONE_PROCESS, **train, stop_after_steps=2), workdir,
+    loop_lib.train_and_evaluate(experiment(mesh=ONE_PROCESS, **train, stop_after_steps=2), workdir,
                                 devices=jax.devices()[:4])
     procs = launch(workdir, *flags({"data": 4}, **train))
     procs[0].send_signal(signal.SIGSTOP)                  # process 1 cannot connect while process 0 is stopped
@@ -220,7 +221,7 @@ def test_a_run_stopped_inside_a_logging_window_logs_the_records_of_an_uninterrup
         cfg = tiny_config("steps=8")
         cfg.train.log_every, cfg.train.checkpoint_every = 4, 0
         cfg.train.update(train)
-        return loop_lib.train_and_evaluate(cfg, workdir)
+        return loop_lib.train_and_evaluate(validate_experiment_config(cfg), workdir)
 
     uninterrupted, resumed = str(tmp_path / "uninterrupted"), str(tmp_path / "resumed")
     run(uninterrupted)
@@ -327,7 +328,8 @@ def saved_steps(workdir):
 def test_a_notice_during_the_first_compile_stops_before_the_first_step_without_saving(tmp_path, monkeypatch, capsys):
     workdir = str(tmp_path / "fresh")
     signal_in_train_step(monkeypatch)
-    assert loop_lib.train_and_evaluate(tiny_config("steps=6"), workdir) == {"preempted_at_step": 0}
+    validated = validate_experiment_config(tiny_config("steps=6"))
+    assert loop_lib.train_and_evaluate(validated, workdir) == {"preempted_at_step": 0}
     assert capsys.readouterr().out.splitlines()[-1] == "stopped before step 1: nothing new to save"
     assert saved_steps(workdir) == [] and not os.path.exists(os.path.join(workdir, "metrics.jsonl"))
 
@@ -336,10 +338,10 @@ def test_a_notice_during_the_first_compile_after_a_resume_exits_without_a_new_ch
     """Issue 36: it used to train one more step and save a checkpoint for one step of progress."""
     workdir = str(tmp_path / "resumed")
     cfg = tiny_config("steps=6")
-    loop_lib.train_and_evaluate(override(cfg, stop_after_steps=2), workdir)
+    loop_lib.train_and_evaluate(validate_experiment_config(override(cfg, stop_after_steps=2)), workdir)
     logged = read_metrics(workdir)
     signal_in_train_step(monkeypatch)
-    assert loop_lib.train_and_evaluate(cfg, workdir) == {"preempted_at_step": 2}
+    assert loop_lib.train_and_evaluate(validate_experiment_config(cfg), workdir) == {"preempted_at_step": 2}
     assert saved_steps(workdir) == [2] and read_metrics(workdir) == logged
 
 
@@ -379,7 +381,7 @@ def test_a_save_that_cannot_end_before_the_deadline_is_skipped_keeping_the_last_
     workdir = str(tmp_path / "deadline")
     signal_in_train_step(monkeypatch, at_call=3)
     cfg = override(tiny_config("steps=6"), stop_deadline_seconds=deadline, checkpoint_every=2)
-    assert loop_lib.train_and_evaluate(cfg, workdir) == {"preempted_at_step": 3}
+    assert loop_lib.train_and_evaluate(validate_experiment_config(cfg), workdir) == {"preempted_at_step": 3}
     assert saved_steps(workdir) == saved
     last = capsys.readouterr().out.splitlines()[-1]
     if deadline:
@@ -388,7 +390,7 @@ def test_a_save_that_cannot_end_before_the_deadline_is_skipped_keeping_the_last_
                             rf"{workdir}/checkpoints", last), last
     # the rerun resumes from what stayed
     monkeypatch.undo()
-    resumed = loop_lib.train_and_evaluate(override(cfg, stop_after_steps=1), workdir)
+    resumed = loop_lib.train_and_evaluate(validate_experiment_config(override(cfg, stop_after_steps=1)), workdir)
     assert resumed == {"preempted_at_step": saved[-1] + 1}
 
 
@@ -396,7 +398,7 @@ def test_a_save_is_made_when_no_save_was_measured_yet(tmp_path, monkeypatch):
     workdir = str(tmp_path / "unmeasured")
     signal_in_train_step(monkeypatch, at_call=3)
     cfg = override(tiny_config("steps=6"), stop_deadline_seconds=1e-6, checkpoint_every=0)
-    assert loop_lib.train_and_evaluate(cfg, workdir) == {"preempted_at_step": 3}
+    assert loop_lib.train_and_evaluate(validate_experiment_config(cfg), workdir) == {"preempted_at_step": 3}
     assert saved_steps(workdir) == [3]
 
 

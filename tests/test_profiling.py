@@ -29,6 +29,10 @@ def _config(**train):
     return config
 
 
+def _experiment(**train):
+    return validate_experiment_config(_config(**train))
+
+
 def _no_timing(workdir):
     return [{k: v for k, v in r.items() if k != "img_per_s"} for r in read_metrics(workdir)]
 
@@ -60,7 +64,7 @@ def unprofiled(tmp_path_factory):
             patch.setattr(jax.profiler, name, refuse)
         for name in ("step", "close", "_start"):
             patch.setattr(StepProfile, name, refuse)
-        loop_lib.train_and_evaluate(_config(), workdir)
+        loop_lib.train_and_evaluate(_experiment(), workdir)
     assert not os.path.exists(os.path.join(workdir, "tensorboard", "plugins"))
     return workdir
 
@@ -77,7 +81,7 @@ def profiled(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         printed = []
         patch.setattr("builtins.print", lambda *args, **kwargs: printed.append(" ".join(map(str, args))))
-        loop_lib.train_and_evaluate(_config(profile_steps=(3, 5)), workdir)
+        loop_lib.train_and_evaluate(_experiment(profile_steps=(3, 5)), workdir)
     return workdir, printed
 
 
@@ -108,10 +112,10 @@ def test_a_resume_inside_the_range_traces_the_rest(tmp_path):
     """A first attempt stopped after step 4 traces steps 3-4; the resume traces 5-6; a later start traces nothing."""
     workdir = str(tmp_path)
     config = _config(profile_steps=(3, 6), stop_after_steps=4, profile_all_processes=True)
-    assert loop_lib.train_and_evaluate(config, workdir) == {"preempted_at_step": 4}
+    assert loop_lib.train_and_evaluate(validate_experiment_config(config), workdir) == {"preempted_at_step": 4}
     (first,) = _sessions(workdir)
     assert _traced_steps(first) == [3, 4] and first.endswith("_process0")
-    loop_lib.train_and_evaluate(_config(profile_steps=(3, 6), profile_all_processes=True), workdir)
+    loop_lib.train_and_evaluate(_experiment(profile_steps=(3, 6), profile_all_processes=True), workdir)
     second = [s for s in _sessions(workdir) if s != first]
     assert len(second) == 1 and os.path.basename(second[0]).startswith("steps_5-6_")
     assert _traced_steps(second[0]) == [5, 6]
@@ -125,7 +129,7 @@ def test_bad_ranges_are_one_error_naming_the_field(value):
         validate_train_config({"steps": STEPS, "profile_steps": value})
     if not isinstance(value, str):                  # a ConfigDict refuses a str for a tuple field itself
         with pytest.raises(ConfigError, match=expected.replace(re.escape(repr(value)), ".*")):
-            validate_experiment_config(_config(profile_steps=value))
+            _experiment(profile_steps=value)
 
 
 def test_profile_all_processes_is_a_bool():

@@ -9,6 +9,7 @@ from layerscale_jax.errors import UserError
 from layerscale_jax.train import feed as feed_lib
 from layerscale_jax.train import loop as loop_lib
 from layerscale_jax.train.feed import replica_mismatch
+from layerscale_jax.train.config import validate_experiment_config
 
 from test_train import tiny_config
 
@@ -31,4 +32,4 @@ def test_the_loop_stops_when_hosts_reading_the_same_rows_skipped_different_recor
     with pytest.raises(UserError, match=r"by step 1, processes that read the same rows skipped different numbers of "
                                          r"bad records \(process 0: 0, process 1: 1\): their copies of the dataset "
                                          r"differ"):
-        loop_lib.train_and_evaluate(config, str(tmp_path / "run"))
+        loop_lib.train_and_evaluate(validate_experiment_config(config), str(tmp_path / "run"))

@@ -11,6 +11,7 @@ from layerscale_jax.data.sharding import batch_sharding
 from layerscale_jax.train import loop as loop_lib
 from layerscale_jax.plan import hlo as hlo_lib
 from layerscale_jax.train import sharding as shard_lib
+from layerscale_jax.train.config import validate_experiment_config
 
 from test_train import tiny_config
 
@@ -25,7 +26,7 @@ def trainer_for(mesh_shape, heads=HEADS, dim=DIM, **model):
     config.train.batch_size = config.train.eval_batch_size = BATCH
     config.train.mesh = mesh_shape
     mesh = shard_lib.make_mesh(config.train.mesh, jax.devices()[:math.prod(mesh_shape.values())])
-    return loop_lib.create_trainer(config, mesh), mesh
+    return loop_lib.create_trainer(validate_experiment_config(config), mesh), mesh
 
 
 def batch_spec(mesh, eval_=False):

@@ -14,6 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from layerscale_jax.plan import hlo
 from layerscale_jax.plan.step_time import step_time
 from layerscale_jax.plan.targets import CHIPS
+from layerscale_jax.train.config import validate_experiment_config
 
 # A chip with round figures, so that each term is a hand division.
 ROUND = dataclasses.replace(CHIPS["v5e"], peak_bf16_flop_per_s=1e12, hbm_bytes_per_s=1e9, link_bytes_per_s=1e8,
@@ -217,7 +218,7 @@ def test_a_two_slice_step_reduces_across_slices_over_dcn_and_gathers_with_padded
     config = with_overrides(tiny_config("scan_layers=True"), {"data.mixup_alpha": 0, "data.cutmix_alpha": 0,
                                                               "train.mesh.data": 1, "train.mesh.fsdp": -1,
                                                               "train.mesh.dcn_data": 2})
-    steps = compile_steps(config, "2xv5e-4", eval_step=False)
+    steps = compile_steps(validate_experiment_config(config), "2xv5e-4", eval_step=False)
     text = steps.compiled["train"].as_text()
     found = hlo.collectives(text)
     sends = [c for c in found if c.form == "megascale send"]

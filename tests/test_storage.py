@@ -16,6 +16,7 @@ from layerscale_jax.paths import as_path, write_text_atomically
 from layerscale_jax.storage.compile_cache import use_compilation_cache
 from layerscale_jax.train import goodput as goodput_lib
 from layerscale_jax.train import loop as loop_lib
+from layerscale_jax.train.config import validate_experiment_config
 
 from cloud_bucket import cloud_bucket
 from test_compile_cache_pod import jax_cache_settings  # noqa: F401 - a fixture
@@ -87,7 +88,7 @@ def test_a_gs_workdir_survives_kill_and_resume_with_every_file_in_the_bucket(six
 
     monkeypatch.chdir(cwd)
     with cloud_bucket(bucket):
-        results = loop_lib.train_and_evaluate(config(), "gs://bucket/run")
+        results = loop_lib.train_and_evaluate(validate_experiment_config(config()), "gs://bucket/run")
     assert results["resumed_from_step"] == 2 and results["steps"] == STEPS
     assert _without_speed(read_metrics(run)) == _without_speed(read_metrics(reference))
     assert json.loads((run / "results.json").read_text())["test_accuracy"] == results["test_accuracy"]
@@ -224,7 +225,8 @@ def test_a_stop_on_sigterm_loses_no_metrics_on_a_bucket(tmp_path, monkeypatch):
     cfg.train.checkpoint_every = 0
     monkeypatch.chdir(tmp_path)
     with cloud_bucket(tmp_path / "bucket"):
-        assert loop_lib.train_and_evaluate(cfg, "gs://bucket/run") == {"preempted_at_step": 3}
+        experiment = validate_experiment_config(cfg)
+        assert loop_lib.train_and_evaluate(experiment, "gs://bucket/run") == {"preempted_at_step": 3}
     run = tmp_path / "bucket" / "bucket" / "run"
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
     assert (run / "checkpoints" / "3" / "commit_success.txt").exists()

@@ -46,7 +46,8 @@ def config(depth=12, mesh=(1, 4, 1)):
 
 def compile_steps(eval_step=True, **kwargs):
     from layerscale_jax.plan.compile_for import compile_steps as compile_
-    return compile_(config(**kwargs), "v5e-4", eval_step=eval_step)
+    from layerscale_jax.train.config import validate_experiment_config
+    return compile_(validate_experiment_config(config(**kwargs)), "v5e-4", eval_step=eval_step)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from layerscale_jax.train import loop as loop_lib
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.storage.checkpoint import Checkpointer
 from layerscale_jax.train.guard import NonFiniteError
+from layerscale_jax.train.config import validate_experiment_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "configs", "tiny_synthetic.py")
@@ -63,14 +64,14 @@ def cli(workdir, *extra):
 def reference_run(tmp_path_factory):
     """An uninterrupted run on 8 devices (data parallel), in this process."""
     workdir = str(tmp_path_factory.mktemp("reference"))
-    results = loop_lib.train_and_evaluate(run_config(), workdir)
+    results = loop_lib.train_and_evaluate(validate_experiment_config(run_config()), workdir)
     return workdir, results
 
 
 def final_params(workdir, config=None):
     config = config or run_config()
     mesh = shard_lib.make_mesh(config.train.mesh)
-    trainer = loop_lib.create_trainer(config, mesh)
+    trainer = loop_lib.create_trainer(validate_experiment_config(config), mesh)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=10)
     step, state, _, _ = checkpointer.restore(trainer.abstract_state)
     checkpointer.close()
@@ -111,7 +112,7 @@ def _sharded_run(scan_layers, mesh_axes, devices, initial_state=None, n_steps=2)
     config = tiny_config(f"scan_layers={scan_layers}")
     config.train.mesh = mesh_axes
     mesh = shard_lib.make_mesh(config.train.mesh, devices)
-    trainer = loop_lib.create_trainer(config, mesh)
+    trainer = loop_lib.create_trainer(validate_experiment_config(config), mesh)
     if initial_state is None:
         state = trainer.init_state()
         initial_state = jax.device_get(state)
@@ -143,7 +144,7 @@ def test_sharded_steps_equal_single_device_steps(scan_layers, layouts):
 def test_fsdp_and_tensor_rules_shard_parameters():
     config = tiny_config()
     mesh = shard_lib.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    trainer = loop_lib.create_trainer(config, mesh)
+    trainer = loop_lib.create_trainer(validate_experiment_config(config), mesh)
     specs = trainer.param_sharding
     assert tuple(specs["blocks"][0]["mlp"]["fc1"]["kernel"].value.spec) == ("fsdp", "tensor")
     assert tuple(specs["blocks"][0]["attn"]["proj"]["kernel"].value.spec) == ("tensor", "fsdp")
@@ -162,21 +163,21 @@ def test_batch_that_does_not_divide_the_mesh_is_rejected():
     config = tiny_config()
     config.train.batch_size = 12
     with pytest.raises(ValueError, match=r"train.batch_size=12 is not divisible by the 8 devices"):
-        loop_lib.create_trainer(config, shard_lib.make_mesh({"data": -1}))
+        loop_lib.create_trainer(validate_experiment_config(config), shard_lib.make_mesh({"data": -1}))
 
 
 def test_model_that_does_not_match_the_dataset_is_rejected():
     config = tiny_config()
     config.model.num_classes = 7
     with pytest.raises(ValueError, match=r"model.num_classes=7 does not match"):
-        loop_lib.create_trainer(config, shard_lib.make_mesh({"data": -1}))
+        loop_lib.create_trainer(validate_experiment_config(config), shard_lib.make_mesh({"data": -1}))
 
 
 def test_bad_train_field_is_rejected():
     config = tiny_config()
     config.train.nonfinite = "ignore"
     with pytest.raises(ValueError, match=r"train.nonfinite='ignore'"):
-        loop_lib.create_trainer(config, shard_lib.make_mesh({"data": -1}))
+        loop_lib.create_trainer(validate_experiment_config(config), shard_lib.make_mesh({"data": -1}))
 
 
 # -- resume ------------------------------------------------------------------------------------------------------
@@ -199,7 +200,7 @@ def test_sigterm_then_resume_gives_identical_losses_and_parameters(reference_run
     interrupted_at = max(train_losses(workdir))
     assert interrupted_at < STEPS, "the run finished before it could be interrupted"
     assert "stopped at step" in output
-    loop_lib.train_and_evaluate(run_config(), workdir)
+    loop_lib.train_and_evaluate(validate_experiment_config(run_config()), workdir)
     resumed, reference = train_losses(workdir), train_losses(ref_dir)
     assert sorted(resumed) == list(range(1, STEPS + 1))
     assert [resumed[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)]
@@ -213,10 +214,10 @@ def test_resume_onto_a_smaller_mesh(reference_run, tmp_path):
     workdir = str(tmp_path / "remesh")
     config = run_config()
     config.train.stop_after_steps = 10
-    assert loop_lib.train_and_evaluate(config, workdir) == {"preempted_at_step": 10}
+    assert loop_lib.train_and_evaluate(validate_experiment_config(config), workdir) == {"preempted_at_step": 10}
     config = run_config()
     config.train.mesh = {"data": 2, "fsdp": 2, "tensor": 1}
-    loop_lib.train_and_evaluate(config, workdir, devices=jax.devices()[:4])
+    loop_lib.train_and_evaluate(validate_experiment_config(config), workdir, devices=jax.devices()[:4])
     resumed, reference = train_losses(workdir), train_losses(ref_dir)
     np.testing.assert_allclose([resumed[s] for s in range(11, STEPS + 1)],
                                [reference[s] for s in range(11, STEPS + 1)], atol=1e-5)
@@ -235,7 +236,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(reference_run, tmp
         if os.path.isfile(path):
             with open(path, "wb") as f:
                 f.write(b"garbage")
-    trainer = loop_lib.create_trainer(run_config(), shard_lib.make_mesh({"data": -1}))
+    trainer = loop_lib.create_trainer(validate_experiment_config(run_config()), shard_lib.make_mesh({"data": -1}))
     with caplog.at_level("WARNING"):
         step, state, data_state, _ = checkpointer.restore(trainer.abstract_state)
     checkpointer.close()
@@ -260,9 +261,10 @@ def _exploding_config(mode):
 def test_nonfinite_loss_stops_the_run_naming_step_and_checkpoint(tmp_path):
     workdir = str(tmp_path / "nan")
     with pytest.raises(NonFiniteError, match=r"non-finite loss, gradient norm or update at step \d+"):
-        loop_lib.train_and_evaluate(_exploding_config("raise"), workdir)
+        loop_lib.train_and_evaluate(validate_experiment_config(_exploding_config("raise")), workdir)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=10)
-    trainer = loop_lib.create_trainer(_exploding_config("raise"), shard_lib.make_mesh({"data": -1}))
+    experiment = validate_experiment_config(_exploding_config("raise"))
+    trainer = loop_lib.create_trainer(experiment, shard_lib.make_mesh({"data": -1}))
     restored = checkpointer.restore(trainer.abstract_state)
     checkpointer.close()
     if restored is not None:                     # whatever was saved is finite
@@ -272,7 +274,7 @@ def test_nonfinite_loss_stops_the_run_naming_step_and_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_nonfinite_skip_mode_skips_updates_and_counts_them(tmp_path, capsys):
     """The count is in the final line (it was only in results.json)."""
-    results = loop_lib.train_and_evaluate(_exploding_config("skip"), str(tmp_path / "skip"))
+    results = loop_lib.train_and_evaluate(validate_experiment_config(_exploding_config("skip")), str(tmp_path / "skip"))
     assert results["nonfinite_steps"] > 0
     assert results["steps"] == STEPS
     final = [line for line in capsys.readouterr().out.splitlines() if line.startswith("test accuracy")]
@@ -311,7 +313,7 @@ def test_a_metric_added_in_the_task_alone_is_logged_shown_and_in_the_results(tmp
 
     monkeypatch.setattr(tasks_lib, "for_model", lambda model, eval_split="test": WithTop2(eval_split))
     workdir = str(tmp_path / "run")
-    results = loop_lib.train_and_evaluate(tiny_config("steps=3"), workdir)
+    results = loop_lib.train_and_evaluate(validate_experiment_config(tiny_config("steps=3")), workdir)
     assert results["test_accuracy"] <= results["test_top2"] <= 1.0 and results["test_examples"] == 40
     logged = read_metrics(workdir)
     assert all("train_top_target" in r for r in logged if "train_loss" in r)
@@ -340,7 +342,7 @@ def test_init_from_starts_from_the_saved_weights(tmp_path):
     source, saved = _saved_tiny_model(tmp_path)
     config = tiny_config()
     config.train.init_from = source
-    trainer = loop_lib.create_trainer(config, shard_lib.make_mesh({"data": -1}))
+    trainer = loop_lib.create_trainer(validate_experiment_config(config), shard_lib.make_mesh({"data": -1}))
     state = trainer.init_state()
     same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), jax.device_get(state["params"]), saved)
     assert all(jax.tree.leaves(same))
@@ -351,7 +353,7 @@ def test_init_from_with_mismatched_parameters_lists_them(tmp_path):
     source, _ = _saved_tiny_model(tmp_path, depth=3)
     config = tiny_config()
     config.train.init_from = source
-    trainer = loop_lib.create_trainer(config, shard_lib.make_mesh({"data": -1}))
+    trainer = loop_lib.create_trainer(validate_experiment_config(config), shard_lib.make_mesh({"data": -1}))
     with pytest.raises(ValueError, match=r"blocks\.2"):
         trainer.init_state()
 
@@ -366,7 +368,7 @@ def test_a_run_evaluated_on_validation_names_its_metrics_val_not_test(tmp_path):
     config.data.train_split, config.data.eval_split = "train_without_validation", "validation"
     config.optim.warmup_steps = 1
     config.train.log_every, config.train.eval_every, config.train.checkpoint_every = 2, 2, 2
-    results = loop_lib.train_and_evaluate(config, str(tmp_path))
+    results = loop_lib.train_and_evaluate(validate_experiment_config(config), str(tmp_path))
     assert results["val_examples"] == 285 and 0 <= results["val_accuracy"] <= 1
     assert not [k for k in results if k.startswith("test_")]
     evaluations = [r for r in read_metrics(tmp_path) if "val_accuracy" in r]

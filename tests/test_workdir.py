@@ -26,6 +26,7 @@ from layerscale_jax.storage import workdir as workdir_lib
 from layerscale_jax.storage.checkpoint import Checkpointer, CheckpointSaveError, NoUsableCheckpointError
 from layerscale_jax.storage.workdir_lock import WorkdirLock
 from layerscale_jax.train import loop as loop_lib
+from layerscale_jax.train.config import validate_experiment_config
 
 from test_train import TINY, read_metrics, subprocess_env, tiny_config, train_losses
 
@@ -37,6 +38,11 @@ def config(**train):
     cfg.train.checkpoint_every = 2
     cfg.train.update(train)
     return cfg
+
+
+def experiment(**train):
+    """``config(**train)`` validated, as the command line and ``api.fit`` validate it: what the loop takes."""
+    return validate_experiment_config(config(**train))
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +97,7 @@ def corrupt(workdir, step, how):
 def test_rerunning_a_finished_workdir_returns_its_results_untouched(finished, tmp_path, capsys):
     workdir = copy_run(finished, tmp_path, "again")
     before = open(os.path.join(workdir, "results.json")).read()
-    again = loop_lib.train_and_evaluate(config(), workdir)
+    again = loop_lib.train_and_evaluate(experiment(), workdir)
     assert open(os.path.join(workdir, "results.json")).read() == before
     assert again == json.loads(before) and again["test_accuracy"] is not None
     assert "holds a finished run of 6 steps" in capsys.readouterr().out
@@ -100,7 +106,7 @@ def test_rerunning_a_finished_workdir_returns_its_results_untouched(finished, tm
 @pytest.mark.slow
 def test_raising_steps_continues_from_the_final_checkpoint(finished, tmp_path):
     workdir = copy_run(finished, tmp_path, "longer")
-    results = loop_lib.train_and_evaluate(config(steps=8), workdir)
+    results = loop_lib.train_and_evaluate(experiment(steps=8), workdir)
     assert results["resumed_from_step"] == STEPS and results["steps"] == 8
     assert sorted(train_losses(workdir)) == list(range(1, 9))
 
@@ -112,7 +118,7 @@ def test_another_config_in_the_same_workdir_is_refused_naming_the_fields(finishe
     other.model.depth = 3
     other.optim.learning_rate = 2e-3
     with pytest.raises(workdir_lib.WorkdirError, match=r"model\.depth: 2 → 3; optim\.learning_rate: 0\.001 → 0\.002"):
-        loop_lib.train_and_evaluate(other, workdir)
+        loop_lib.train_and_evaluate(validate_experiment_config(other), workdir)
     assert checkpoint_steps(workdir) == checkpoint_steps(finished[0])          # nothing touched
 
 
@@ -120,7 +126,7 @@ def test_another_config_in_the_same_workdir_is_refused_naming_the_fields(finishe
 def test_harmless_changes_are_accepted_and_logged(finished, tmp_path, capsys):
     workdir = copy_run(finished, tmp_path, "harmless")
     changed = config(steps=8, log_every=2)
-    loop_lib.train_and_evaluate(changed, workdir)
+    loop_lib.train_and_evaluate(validate_experiment_config(changed), workdir)
     out = capsys.readouterr().out
     assert "train.log_every: 1 → 2" in out and "train.steps: 6 → 8" in out
 
@@ -133,7 +139,7 @@ def test_a_corrupt_checkpoint_is_quarantined_and_the_run_resumes_from_the_previo
     os.remove(os.path.join(workdir, "results.json"))
     corrupt(workdir, STEPS, how)
     with caplog.at_level("WARNING"):
-        results = loop_lib.train_and_evaluate(config(), workdir)
+        results = loop_lib.train_and_evaluate(experiment(), workdir)
     assert f"checkpoint at step {STEPS} is corrupt" in caplog.text
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "quarantine", str(STEPS)))
     assert results["resumed_from_step"] == 4 and results["steps"] == STEPS        # re-saved step 6, no collision
@@ -154,7 +160,7 @@ def unfinished_run_with_every_checkpoint_corrupt(finished, tmp_path, name):
 def test_when_no_checkpoint_is_usable_the_run_stops_and_says_how_to_start_fresh(finished, tmp_path):
     workdir = unfinished_run_with_every_checkpoint_corrupt(finished, tmp_path, "all_corrupt")
     with pytest.raises(NoUsableCheckpointError, match="use a new --workdir"):
-        loop_lib.train_and_evaluate(config(), workdir)
+        loop_lib.train_and_evaluate(experiment(), workdir)
 
 
 @pytest.mark.slow
@@ -172,9 +178,9 @@ def test_a_failed_save_stops_the_run_naming_the_cause_and_the_last_complete_chec
     monkeypatch.setattr(Checkpointer, "_write_json", staticmethod(full_disk))
     with pytest.raises(CheckpointSaveError, match=r"step 4 .*No space left on device.*last complete checkpoint is "
                                                   r"step 2"):
-        loop_lib.train_and_evaluate(config(), workdir)
+        loop_lib.train_and_evaluate(experiment(), workdir)
     monkeypatch.undo()                                          # space freed: the rerun resumes exactly
-    results = loop_lib.train_and_evaluate(config(), workdir)
+    results = loop_lib.train_and_evaluate(experiment(), workdir)
     assert results["resumed_from_step"] == 2
 
 
@@ -185,7 +191,7 @@ def test_a_second_job_on_a_held_workdir_is_refused_naming_the_holder(tmp_path):
                                                    "heartbeat": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                                    "heartbeat_every": 86400}))
     with pytest.raises(workdir_lib.WorkdirError, match="in use by process 123 on host other-host"):
-        loop_lib.train_and_evaluate(config(), str(workdir))
+        loop_lib.train_and_evaluate(experiment(), str(workdir))
 
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
@@ -202,7 +208,7 @@ def test_records_of_a_killed_run_after_its_last_checkpoint_are_not_duplicated(fi
     workdir = copy_run(finished, tmp_path, "killed")
     os.remove(os.path.join(workdir, "results.json"))
     shutil.rmtree(os.path.join(workdir, "checkpoints", str(STEPS)))        # died before its final save completed
-    loop_lib.train_and_evaluate(config(), workdir)
+    loop_lib.train_and_evaluate(experiment(), workdir)
     strip = lambda records: [{k: v for k, v in r.items() if k != "img_per_s"} for r in records]
     assert strip(read_metrics(workdir)) == strip(read_metrics(finished[0]))
 
@@ -296,7 +302,7 @@ def test_a_failed_async_save_is_not_ignored(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", failing_wait)
     with pytest.raises(CheckpointSaveError, match="No space left on device"):
-        loop_lib.train_and_evaluate(config(), str(tmp_path / "async"))
+        loop_lib.train_and_evaluate(experiment(), str(tmp_path / "async"))
 
 
 # -- the seal: written as part of finishing a step, checked before a step is trusted -----------------------------------
@@ -313,7 +319,7 @@ def test_each_step_is_sealed_before_orbax_commits_it(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Checkpointer, "_seal_in_flight", spy)
     workdir = str(tmp_path / "sealed")
-    loop_lib.train_and_evaluate(config(), workdir)
+    loop_lib.train_and_evaluate(experiment(), workdir)
     assert committed_when_sealed == {2: False, 4: False, 6: False}
     for step in checkpoint_steps(workdir):
         seal = os.path.join(workdir, "checkpoints", "meta", str(step), "checksums.json")
@@ -332,7 +338,7 @@ def test_a_damaged_newest_step_without_its_seal_is_never_trusted(finished, tmp_p
     os.remove(os.path.join(workdir, "checkpoints", "meta", str(STEPS), "checksums.json"))
     corrupt(workdir, STEPS, how)
     with caplog.at_level("WARNING"):
-        results = loop_lib.train_and_evaluate(config(), workdir)
+        results = loop_lib.train_and_evaluate(experiment(), workdir)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "checkpoint at step" in
                 r.getMessage()]
     assert len(warnings) == 1 and f"checkpoint at step {STEPS} cannot be trusted (never sealed" in warnings[0]
@@ -347,7 +353,7 @@ def test_flipped_bits_in_a_sealed_step_are_found_by_its_seal(finished, tmp_path,
     os.remove(os.path.join(workdir, "results.json"))
     corrupt(workdir, STEPS, "flipped_bits")
     with caplog.at_level("WARNING"):
-        results = loop_lib.train_and_evaluate(config(), workdir)
+        results = loop_lib.train_and_evaluate(experiment(), workdir)
     assert f"checkpoint at step {STEPS} is corrupt" in caplog.text and results["resumed_from_step"] == 4
 
 
@@ -383,7 +389,7 @@ def test_a_torn_last_line_of_the_metrics_log_is_dropped_with_one_warning(finishe
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
         f.write('{"step": 7, "train_lo')                      # the disk filled while this line was appended
     with caplog.at_level("WARNING"):
-        loop_lib.train_and_evaluate(config(), workdir)
+        loop_lib.train_and_evaluate(experiment(), workdir)
     torn = [r for r in caplog.records if "is incomplete" in r.getMessage()]
     assert len(torn) == 1 and "metrics.jsonl line" in torn[0].getMessage()
     assert without_speed(read_metrics(workdir)) == without_speed(read_metrics(finished[0]))
@@ -407,7 +413,7 @@ def test_a_torn_line_at_the_checkpoints_step_is_rebuilt_so_the_log_equals_an_uni
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
         f.write("".join(line + "\n" for line in lines[:-1]) + lines[-1][:15])
     with caplog.at_level("WARNING"):
-        results = loop_lib.train_and_evaluate(config(), workdir)
+        results = loop_lib.train_and_evaluate(experiment(), workdir)
     assert not [r for r in caplog.records if "metrics.jsonl" in r.getMessage()]
     assert (f"{workdir}/metrics.jsonl: its last line was torn; the records up to step 4 are rebuilt from its "
             "checkpoint (the log equals an uninterrupted run's)") in capsys.readouterr().out
@@ -425,7 +431,7 @@ def test_a_metrics_log_deleted_during_the_run_is_rebuilt_as_far_as_the_checkpoin
     since_step_2 = [line for line in expected if json.loads(line)["step"] > 2]
     os.remove(os.path.join(workdir, "metrics.jsonl"))
     with caplog.at_level("WARNING"):
-        results = loop_lib.train_and_evaluate(config(), workdir)
+        results = loop_lib.train_and_evaluate(experiment(), workdir)
     [warning] = [r.getMessage() for r in caplog.records if "metrics.jsonl" in r.getMessage()]
     lost = len(expected) - len(since_step_2)
     assert warning == (f"{workdir}/metrics.jsonl: it was missing; {lost} of the {len(expected)} records up to step 4 "
@@ -461,7 +467,7 @@ def test_a_damaged_line_inside_the_metrics_log_is_an_error_naming_the_file_and_t
     lines[2] = lines[2][:9]
     open(path, "w").write("\n".join(lines) + "\n")
     with pytest.raises(workdir_lib.WorkdirError, match=r"metrics\.jsonl line 3 is not a metrics record"):
-        loop_lib.train_and_evaluate(config(), workdir)
+        loop_lib.train_and_evaluate(experiment(), workdir)
 
 
 @pytest.mark.slow
@@ -469,14 +475,14 @@ def test_without_a_usable_checkpoint_a_rerun_is_refused_until_restart_moves_the_
                                                                                                     tmp_path):
     workdir = unfinished_run_with_every_checkpoint_corrupt(finished, tmp_path, "restart")
     with pytest.raises(NoUsableCheckpointError, match="rerun with --restart"):
-        loop_lib.train_and_evaluate(config(), workdir)
+        loop_lib.train_and_evaluate(experiment(), workdir)
     earlier = open(os.path.join(workdir, "metrics.jsonl")).read()
     with pytest.raises(workdir_lib.WorkdirError, match=r"holds an earlier run \(metrics\.jsonl with .*quarantined "
                                                        r"checkpoint.*rerun with --restart"):
-        loop_lib.train_and_evaluate(config(), workdir)                # the same command again: refused
+        loop_lib.train_and_evaluate(experiment(), workdir)                # the same command again: refused
     assert open(os.path.join(workdir, "metrics.jsonl")).read() == earlier
 
-    results = loop_lib.train_and_evaluate(config(), workdir, restart=True)
+    results = loop_lib.train_and_evaluate(experiment(), workdir, restart=True)
     assert results["resumed_from_step"] is None and results["steps"] == STEPS
     [previous] = os.listdir(os.path.join(workdir, "previous"))
     moved = os.path.join(workdir, "previous", previous)
@@ -493,14 +499,14 @@ def test_lowering_steps_below_the_run_in_a_workdir_is_refused_leaving_it_untouch
     before = {name: open(os.path.join(workdir, name)).read() for name in ("results.json", "config.json")}
     with pytest.raises(workdir_lib.WorkdirError, match=rf"trained to step {STEPS}, past train\.steps=4: .*"
                                                        rf"train\.steps >= {STEPS}"):
-        loop_lib.train_and_evaluate(config(steps=4), workdir)
+        loop_lib.train_and_evaluate(experiment(steps=4), workdir)
     assert {name: open(os.path.join(workdir, name)).read() for name in before} == before
 
 
 @pytest.mark.slow
 def test_changing_steps_at_a_resume_says_what_the_learning_rate_becomes(finished, tmp_path, capsys):
     workdir = copy_run(finished, tmp_path, "schedule")
-    loop_lib.train_and_evaluate(config(steps=8), workdir)
+    loop_lib.train_and_evaluate(experiment(steps=8), workdir)
     optim = config().optim
     peak, end, warmup = optim.learning_rate, optim.end_learning_rate, optim.warmup_steps
     assert optim.schedule == "cosine"
@@ -518,7 +524,7 @@ def test_a_workdir_that_cannot_be_a_directory_is_one_clear_error(tmp_path, what)
         workdir.write_text("not a directory\n")
     expected = "is a file, not a directory" if what == "a file" else "cannot be created (No such file or directory"
     with pytest.raises(workdir_lib.WorkdirError, match=rf"--workdir {workdir} {re.escape(expected)}"):
-        loop_lib.train_and_evaluate(config(), str(workdir))
+        loop_lib.train_and_evaluate(experiment(), str(workdir))
 
 
 @pytest.mark.slow
@@ -535,7 +541,7 @@ def test_a_disk_too_full_for_the_state_stops_before_orbax_writes_naming_the_step
     with pytest.raises(CheckpointSaveError, match=r"checkpoint of step 2 .*no space left on device: 0\.0 MiB free "
                                                   r"in .*, the state takes about .* MiB\); the last complete "
                                                   r"checkpoint is none"):
-        loop_lib.train_and_evaluate(config(), str(workdir))
+        loop_lib.train_and_evaluate(experiment(), str(workdir))
     assert not [name for name in os.listdir(workdir / "checkpoints") if "orbax-checkpoint-tmp" in name]
 
 
@@ -559,7 +565,7 @@ def test_a_failed_async_save_names_its_own_step(tmp_path, monkeypatch):
     monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", failing_wait)
     with pytest.raises(CheckpointSaveError, match="checkpoint of step 2 .*No space left on device.*last complete "
                                                   "checkpoint is none"):
-        loop_lib.train_and_evaluate(config(), str(tmp_path / "async_step"))
+        loop_lib.train_and_evaluate(experiment(), str(tmp_path / "async_step"))
 
 
 @pytest.mark.slow
@@ -578,7 +584,7 @@ def test_a_full_disk_while_logging_stops_the_run_naming_the_step_instead_of_hang
 
     monkeypatch.setattr(record_writer.RecordWriter, "write", fill_up)
     with pytest.raises(OSError, match=r"writing the metrics of step \d+ in .* failed \(No space left on device\)"):
-        loop_lib.train_and_evaluate(config(), str(tmp_path / "logging"))
+        loop_lib.train_and_evaluate(experiment(), str(tmp_path / "logging"))
 
 
 def test_orbax_errors_from_a_failed_background_save_are_logged_on_one_line_each(tmp_path, caplog):
@@ -735,7 +741,7 @@ def test_a_damaged_seal_or_data_state_of_the_newest_step_is_quarantined_not_a_tr
     with open(os.path.join(workdir, "checkpoints", "meta", str(STEPS), side_file), "wb") as f:
         f.write(np.random.default_rng(0).bytes(64))
     with caplog.at_level("WARNING"):
-        results = loop_lib.train_and_evaluate(config(), workdir)
+        results = loop_lib.train_and_evaluate(experiment(), workdir)
     assert f"checkpoint at step {STEPS} is corrupt" in caplog.text and results["resumed_from_step"] == 4
 
 
@@ -759,13 +765,13 @@ def test_a_save_that_cannot_create_its_step_directory_stops_without_waiting_for_
     monkeypatch.setattr(orbax_future.multihost, "coordination_timeout", lambda: 20)
     with caplog.at_level("ERROR"), pytest.raises(CheckpointSaveError, match=r"step 4 .*Operation not permitted.*"
                                                                             r"last complete checkpoint is step 2"):
-        loop_lib.train_and_evaluate(config(), str(tmp_path / "immutable"))
+        loop_lib.train_and_evaluate(experiment(), str(tmp_path / "immutable"))
     for thread in threading.enumerate():
         if isinstance(thread, orbax_future._SignalingThread):
             thread.join()
     assert "Timeout waiting for key" not in caplog.text
     monkeypatch.undo()                                          # writable again: the rerun resumes
-    assert loop_lib.train_and_evaluate(config(), str(tmp_path / "immutable"))["resumed_from_step"] == 2
+    assert loop_lib.train_and_evaluate(experiment(), str(tmp_path / "immutable"))["resumed_from_step"] == 2
 
 
 @pytest.mark.slow
@@ -778,13 +784,13 @@ def test_a_damaged_results_or_config_file_is_named_with_what_to_do(finished, tmp
     remedy = ("delete it and rerun: the final checkpoint is evaluated again" if damaged == "results.json" else
               "copy checkpoints/<newest step>/config/metadata over it")
     with pytest.raises(UserError, match=rf"{damaged} is damaged \(Expecting .*\); .*{re.escape(remedy)}"):
-        loop_lib.train_and_evaluate(config(), workdir)
+        loop_lib.train_and_evaluate(experiment(), workdir)
     if damaged == "results.json":
         os.remove(os.path.join(workdir, damaged))
     else:
         shutil.copy(os.path.join(workdir, "checkpoints", str(STEPS), "config", "metadata"),
                     os.path.join(workdir, damaged))
-    assert loop_lib.train_and_evaluate(config(), workdir)["test_accuracy"] == finished[1]["test_accuracy"]
+    assert loop_lib.train_and_evaluate(experiment(), workdir)["test_accuracy"] == finished[1]["test_accuracy"]
 
 
 @pytest.mark.slow
@@ -793,7 +799,7 @@ def test_another_config_with_fewer_steps_on_a_finished_workdir_names_the_differi
     other = config()
     other.model.depth, other.train.steps = 3, 4
     with pytest.raises(workdir_lib.WorkdirError, match=r"different config \(model\.depth: 2 → 3\)"):
-        loop_lib.train_and_evaluate(other, workdir)
+        loop_lib.train_and_evaluate(validate_experiment_config(other), workdir)
 
 
 @pytest.mark.slow
@@ -805,7 +811,7 @@ def test_an_old_checkpoint_whose_deletion_was_interrupted_is_set_aside_once(fini
     os.remove(os.path.join(step_dir, "_CHECKPOINT_METADATA"))
     shutil.rmtree(os.path.join(step_dir, "config"))
     with caplog.at_level("WARNING"):
-        assert loop_lib.train_and_evaluate(config(), workdir) == finished[1]
+        assert loop_lib.train_and_evaluate(experiment(), workdir) == finished[1]
     assert "Metadata file does not exist" not in caplog.text
     assert [r.getMessage() for r in caplog.records if "incomplete" in r.getMessage()] == [
         f"checkpoint at step 4 is incomplete (no _CHECKPOINT_METADATA: a deletion of this old checkpoint was "
@@ -919,7 +925,7 @@ def test_a_gs_workdir_that_cannot_be_reached_is_one_clear_error(tmp_path, monkey
     with pytest.raises(workdir_lib.WorkdirError, match=r"--workdir gs://bucket/run cannot be reached "
                                                        r"\(FailedPreconditionError: .*Could not resolve hostname.*\); "
                                                        r"check the network and the credentials"):
-        loop_lib.train_and_evaluate(config(), "gs://bucket/run")
+        loop_lib.train_and_evaluate(experiment(), "gs://bucket/run")
 
 
 def test_the_temporary_directory_of_a_cut_off_save_is_removed_when_the_next_run_starts(tmp_path):

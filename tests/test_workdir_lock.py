@@ -18,6 +18,7 @@ from layerscale_jax.storage.workdir import WorkdirError
 from layerscale_jax.storage.workdir_lock import (HEARTBEAT_SECONDS, STALE_AFTER_HEARTBEATS, ObjectLockFile,
                                                  WorkdirLock, scheduler_job)
 from layerscale_jax.train import loop as loop_lib
+from layerscale_jax.train.config import validate_experiment_config
 
 from cloud_bucket import cloud_bucket
 from test_train import tiny_config
@@ -191,7 +192,7 @@ def test_the_locks_release_never_hides_the_error_that_ended_the_run(tmp_path, mo
     monkeypatch.setattr(loop_lib, "write_text_atomically", unwritable)
     monkeypatch.setattr(path_type, "unlink", cannot_unlink)
     with caplog.at_level(logging.WARNING), pytest.raises(PermissionError, match="results.json"):
-        loop_lib.train_and_evaluate(tiny_config("steps=3"), str(workdir))
+        loop_lib.train_and_evaluate(validate_experiment_config(tiny_config("steps=3")), str(workdir))
     assert "could not remove" in caplog.text and (workdir / "lock.json").exists()
     monkeypatch.undo()
     lock = WorkdirLock(workdir)                  # same process: its own lock; another host: after its heartbeat

@@ -87,7 +87,7 @@ def bench_optimizer(config: str = DEFAULT_CONFIG, depths: tuple[int, ...] = DEFA
 
 
 def measure_trainer_step(config_spec: str, *, repeats: int = 5, min_repeat_s: float = 0.5) -> dict:
-    """``create_trainer(config).train_step`` against the model-only step (same model, batch), timed alternately."""
+    """``create_trainer(experiment).train_step`` against the model-only step (same model, batch), timed alternately."""
     from layerscale_jax import data as data_lib
     from layerscale_jax.data.sharding import process_batch_rows
     from layerscale_jax.train import sharding as shard_lib

@@ -1,4 +1,5 @@
-"""Compile a run's train and eval steps for a pod without the pod: ``compile_for(config, "v5e-256")``.
+"""Compile a run's train and eval steps for a pod without the pod: ``compile_for(experiment, "v5e-256")``
+(``lsj.compile_for(config, "v5e-256")`` from a config).
 
 The steps are exactly those ``train_and_evaluate`` would jit (``loop.create_trainer``: the same mesh, shardings,
 dtype, remat, scan, optimizer, Mixup, EMA, LoRA), lowered with abstract inputs (``jax.ShapeDtypeStruct``s carrying
@@ -34,7 +35,7 @@ from layerscale_jax.plan import hlo as hlo_lib
 from layerscale_jax.plan import step_time as step_time_lib
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.plan import targets as targets_lib
-from layerscale_jax.train.config import as_experiment
+from layerscale_jax.train.config import require_experiment, validate_experiment_config
 from layerscale_jax.train.config import with_overrides as _with
 
 GiB = targets_lib.GiB
@@ -286,12 +287,12 @@ def program_sha256(lowered) -> str:
     return hashlib.sha256(lowered.as_text().encode()).hexdigest()
 
 
-def _steps_to_lower(config, target: str, eval_step: bool):
-    """``config``'s train (and eval) step for ``target``, built by ``loop.create_trainer`` exactly as the run builds
-    them, each with the abstract sharded inputs it is lowered with."""
+def _steps_to_lower(experiment, target: str, eval_step: bool):
+    """``experiment``'s train (and eval) step for ``target``, built by ``loop.create_trainer`` exactly as the run
+    builds them, each with the abstract sharded inputs it is lowered with."""
     from layerscale_jax.train import loop as loop_lib
 
-    experiment = as_experiment(config)
+    require_experiment(experiment, "compile_for")
     parsed = targets_lib.parse_target(target)
     tc = experiment.train
     mesh = shard_lib.make_mesh(tc.mesh, targets_lib.target_devices(parsed))
@@ -304,23 +305,23 @@ def _steps_to_lower(config, target: str, eval_step: bool):
     return experiment, parsed, mesh, trainer, steps
 
 
-def train_step_sha256(config, target: str) -> str:
-    """``program_sha256`` of ``config``'s train step for ``target``, lowered as ``compile_steps`` lowers it and not
+def train_step_sha256(experiment, target: str) -> str:
+    """``program_sha256`` of ``experiment``'s train step for ``target``, lowered as ``compile_steps`` lowers it and not
     compiled (seconds, where libtpu's compile takes minutes): a committed compile record
     (``benchmarks/compile_recipes.py``) is of today's program exactly when its digest is this."""
-    *_, steps = _steps_to_lower(config, target, eval_step=False)
+    *_, steps = _steps_to_lower(experiment, target, eval_step=False)
     step, args = steps["train"]
     return program_sha256(step.lower(*args))
 
 
-def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSteps:
-    """``config``'s train (and eval) step, built by ``loop.create_trainer`` exactly as the run builds them, lowered
+def compile_steps(experiment, target: str, *, eval_step: bool = True) -> CompiledSteps:
+    """``experiment``'s train (and eval) step, built by ``loop.create_trainer`` exactly as the run builds them, lowered
     with abstract sharded inputs over ``target``'s devices and compiled by its compiler. libtpu's out-of-memory
     raises ``DoesNotFit``."""
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)    # cross-compiled entries cannot be read back
     try:
-        experiment, parsed, mesh, trainer, steps = _steps_to_lower(config, target, eval_step)
+        experiment, parsed, mesh, trainer, steps = _steps_to_lower(experiment, target, eval_step)
         seconds, compiled, programs = {}, {}, {}
         for name, (step, args) in steps.items():
             start = time.perf_counter()
@@ -341,12 +342,13 @@ def compile_steps(config, target: str, *, eval_step: bool = True) -> CompiledSte
     return CompiledSteps(parsed, mesh, trainer, experiment, compiled, seconds, programs)
 
 
-def compile_for(config, target: str, *, check_fit: bool = True, eval_step: bool = True) -> CompileReport:
-    """Compile ``config``'s train and eval steps for ``target`` (a name of ``plan.targets``) and report per-chip
+def compile_for(experiment, target: str, *, check_fit: bool = True, eval_step: bool = True) -> CompileReport:
+    """Compile ``experiment``'s (``validate_experiment_config``'s) train and eval steps for ``target`` (a name of
+    ``plan.targets``) and report per-chip
     memory, FLOPs, collectives and the step-time range. ``check_fit``: a run that does not fit the chip's HBM
     raises ``DoesNotFit`` (a ``UserError``: one line with the numbers) instead of returning its report.
     ``eval_step=False`` compiles the train step only."""
-    steps = compile_steps(config, target, eval_step=eval_step)
+    steps = compile_steps(experiment, target, eval_step=eval_step)
     parsed, mesh, compiled, tc = steps.target, steps.mesh, steps.compiled, steps.trainer.train
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
     text = compiled["train"].as_text()
@@ -455,7 +457,7 @@ def fit_search(config, target: str, log=print) -> FitResult:
         candidate = _with(config, overrides)
         described = " ".join(f"{k}={v}" for k, v in overrides.items()) or "the config as given"
         try:
-            report = compile_for(candidate, target, check_fit=False, eval_step=False)
+            report = compile_for(validate_experiment_config(candidate), target, check_fit=False, eval_step=False)
         except DoesNotFit as err:
             log(f"  {described}: does not fit ({str(err).split(': it needs ')[-1].split(';')[0]})")
             return None
@@ -503,7 +505,7 @@ def fit_search(config, target: str, log=print) -> FitResult:
                          f"layout tried: it needs more chips (or more HBM per chip)")
     fitting.sort(key=lambda found: found[1].bound_seconds)
     overrides = fitting[0][0]
-    return FitResult(compile_for(_with(config, overrides), target), overrides, fitting)
+    return FitResult(compile_for(validate_experiment_config(_with(config, overrides)), target), overrides, fitting)
 
 
 def command_line_overrides(overrides: dict) -> str:

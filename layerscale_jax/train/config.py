@@ -285,9 +285,14 @@ def validate_experiment_config(config) -> Experiment:
     return Experiment(config, arch, data, train, optim, lora or (LoraSettings() if train.finetune == "lora" else None))
 
 
-def as_experiment(config) -> Experiment:
-    """``config`` (a ``ConfigDict``) validated into an ``Experiment``; an ``Experiment`` as it is."""
-    return config if isinstance(config, Experiment) else validate_experiment_config(config)
+def require_experiment(value, function: str) -> Experiment:
+    """``value``, an ``Experiment``: the library's functions take the config validated once where it entered (the
+    command line, ``api``, ``validate_experiment_config``); anything else, a ``ConfigDict`` included, is refused in
+    one line rather than run unchecked."""
+    if not isinstance(value, Experiment):
+        raise TypeError(f"{function} takes an Experiment, not a {type(value).__name__}: validate the config once "
+                        "where it enters, experiment = validate_experiment_config(config)")
+    return value
 
 
 CONFIG_FLAG = "config"               # the command line's --config, and --config.SECTION.FIELD overrides

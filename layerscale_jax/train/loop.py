@@ -1,4 +1,4 @@
-"""``train_and_evaluate(config, workdir)``: the main job, and ``train_and_record(config)``: the same loop in record
+"""``train_and_evaluate(experiment, workdir)``: the main job, and ``train_and_record(experiment)``: the same loop in
 mode, for a study's runs. The loop trains a classifier (from scratch, or fine-tuned fully, with LoRA or as a linear
 probe: ``train.finetune``) or pre-trains an MAE; the task (``train.tasks``) supplies the loss, the evaluation's
 metrics and what is written at each evaluation.
@@ -44,7 +44,7 @@ from layerscale_jax.train import finetune as finetune_lib
 from layerscale_jax.train import sharding as shard_lib
 from layerscale_jax.train import tasks as tasks_lib
 from layerscale_jax.optim.config import OptimSettings
-from layerscale_jax.train.config import Experiment, TrainSettings, as_experiment
+from layerscale_jax.train.config import Experiment, TrainSettings, require_experiment
 from layerscale_jax.train.diagnostics import make_diagnostics_fn
 from layerscale_jax.train.evaluation import Evaluation
 from layerscale_jax.train.feed import Batches
@@ -136,12 +136,11 @@ class Trainer:
         return jax.jit(self.init_fn, out_shardings=self.state_shardings)(params)
 
 
-def create_trainer(config: Experiment | Any, mesh, info=None) -> Trainer:
-    """Check the experiment ``config`` against ``mesh`` and the dataset, and build the sharded, jitted steps.
-    ``config``: an ``Experiment`` (``train.config.validate_experiment_config``), or a ``ConfigDict``, validated into
-    one here. ``info``: the dataset's ``DatasetInfo`` (default: read from the dataset; ``compile_for`` declares it
-    from the config)."""
-    experiment = as_experiment(config)
+def create_trainer(experiment: Experiment, mesh, info=None) -> Trainer:
+    """Check the ``experiment`` (``train.config.validate_experiment_config``'s) against ``mesh`` and the dataset, and
+    build the sharded, jitted steps. ``info``: the dataset's ``DatasetInfo`` (default: read from the dataset;
+    ``compile_for`` declares it from the config)."""
+    require_experiment(experiment, "create_trainer")
     tc = experiment.train
     _check_batch("batch_size", tc.batch_size, mesh)
     _check_batch("eval_batch_size", tc.eval_batch_size, mesh)
@@ -203,18 +202,18 @@ def _architecture_line(arch: dict) -> str:
             f"(init {arch.get('init_values')}): {arch['parameters']:,} parameters")
 
 
-def train_and_evaluate(config: Experiment | Any, workdir, devices=None, *, restart: bool = False) -> dict:
-    """Train ``config`` in ``workdir`` (local or any ``etils.epath`` path; resuming from its latest checkpoint) and
+def train_and_evaluate(experiment: Experiment, workdir, devices=None, *, restart: bool = False) -> dict:
+    """Train ``experiment`` in ``workdir`` (local or any ``etils.epath`` path; resuming from its latest checkpoint) and
     return the final results.
 
     ``devices`` (default: all) are arranged into the config's mesh. A finished workdir returns its stored results
     without training; a workdir of a different config, a shorter ``train.steps`` than the run it holds, or an
     earlier run's logs without a checkpoint to resume are refused (``workdir.WorkdirError``). ``restart``
     (``--restart``): the earlier run's files are moved to ``<workdir>/previous/<time>/`` and training starts afresh.
-    ``config``: an ``Experiment`` (validated where it entered: the command line, ``api.fit``) or a ``ConfigDict``,
-    validated here.
+    ``experiment``: the config validated where it entered (the command line, ``api.fit``,
+    ``validate_experiment_config``).
     """
-    experiment = as_experiment(config)
+    require_experiment(experiment, "train_and_evaluate")
     goodput = Goodput(jax.process_index() == 0)       # this attempt's account (train/goodput.py), from here
     workdir = as_path(workdir, "workdir")
     cache_dir = _check_sources(experiment)
@@ -332,8 +331,8 @@ def _train_and_evaluate(experiment: Experiment, workdir, devices, is_primary, go
     return results
 
 
-def train_and_record(config: Experiment | Any, final_splits: tuple[str, ...] = ()) -> dict:
-    """The record mode of the loop, for a study's runs (``experiments/``): train ``config`` without a workdir (no
+def train_and_record(experiment: Experiment, final_splits: tuple[str, ...] = ()) -> dict:
+    """The record mode of the loop, for a study's runs (``experiments/``): train ``experiment`` without a workdir (no
     checkpoints, no logs: a run is short, and its record is its result) and return its record.
 
     The run ends after ``train.steps``, or after ``train.stop_after_steps`` (> 0) steps of that schedule, with an
@@ -349,10 +348,9 @@ def train_and_record(config: Experiment | Any, final_splits: tuple[str, ...] = (
     ``evaluations`` (dicts with ``step``, the task's metrics and the diagnostics). ``final_splits``: other splits
     the final state is evaluated on, each metric recorded as ``final_<metric>`` (``('test',)`` →
     ``final_test_accuracy``, ``final_test_loss``, ``final_test_examples``): a study that selects on the evaluated
-    split and reports another trains each run once. ``config``: an ``Experiment``, or a ``ConfigDict`` validated
-    here."""
+    split and reports another trains each run once. ``experiment``: ``validate_experiment_config``'s."""
     started = time.time()
-    experiment = as_experiment(config)
+    require_experiment(experiment, "train_and_record")
     tc = experiment.train
     trainer = create_trainer(experiment, shard_lib.make_mesh(tc.mesh))
     end = min(tc.steps, tc.stop_after_steps or tc.steps)
