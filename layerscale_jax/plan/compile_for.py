@@ -344,10 +344,9 @@ def compile_steps(experiment, target: str, *, eval_step: bool = True) -> Compile
 
 def compile_for(experiment, target: str, *, check_fit: bool = True, eval_step: bool = True) -> CompileReport:
     """Compile ``experiment``'s (``validate_experiment_config``'s) train and eval steps for ``target`` (a name of
-    ``plan.targets``) and report per-chip
-    memory, FLOPs, collectives and the step-time range. ``check_fit``: a run that does not fit the chip's HBM
-    raises ``DoesNotFit`` (a ``UserError``: one line with the numbers) instead of returning its report.
-    ``eval_step=False`` compiles the train step only."""
+    ``plan.targets``) and report per-chip memory, FLOPs, collectives and the step-time range. ``check_fit``: a run
+    that does not fit the chip's HBM raises ``DoesNotFit`` (a ``UserError``: one line with the numbers) instead of
+    returning its report. ``eval_step=False`` compiles the train step only."""
     steps = compile_steps(experiment, target, eval_step=eval_step)
     parsed, mesh, compiled, tc = steps.target, steps.mesh, steps.compiled, steps.trainer.train
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
