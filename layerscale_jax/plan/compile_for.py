@@ -302,7 +302,7 @@ def _steps_to_lower(experiment, target: str, eval_step: bool):
     if eval_step:
         steps["eval"] = (trainer.eval_step, (trainer.abstract_state["params"],
                                              batch_specs(experiment, mesh, tc.eval_batch_size, True)))
-    return experiment, parsed, mesh, trainer, steps
+    return parsed, mesh, trainer, steps
 
 
 def train_step_sha256(experiment, target: str) -> str:
@@ -321,7 +321,7 @@ def compile_steps(experiment, target: str, *, eval_step: bool = True) -> Compile
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)    # cross-compiled entries cannot be read back
     try:
-        experiment, parsed, mesh, trainer, steps = _steps_to_lower(experiment, target, eval_step)
+        parsed, mesh, trainer, steps = _steps_to_lower(experiment, target, eval_step)
         seconds, compiled, programs = {}, {}, {}
         for name, (step, args) in steps.items():
             start = time.perf_counter()
